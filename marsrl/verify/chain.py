@@ -1,0 +1,361 @@
+"""Verification of a batch of draft chains: strict (lossless), mars (the paper's margin rule) and
+mars_code (the released code's sampling branch), with the exact per-token record.
+
+One round, for each row independently (column j < K verifies draft x_j; column K is the bonus):
+
+    u_j ~ U[0,1)                              p = target sampling dist. (T, top-k, top-p)
+    strict ok   :  u_j * q(x_j) < p(x_j)      q = draft dist. (one-hot for a greedy draft)
+    R (mars)    :  z1 > 0 and z2/z1 > theta   on the RAW logits at position j
+    mars        :  ok, or (R and x_j in {t1, t2})            -> RELAXED when only R saved it
+    mars_code   :  r > theta ? x_j in {t1, t2}  :  u_j * q(x_j) < p(x_j)
+    first failure j*: close with y ~ residual (strict/mars: max(0, p - q); mars_code: full p if r > theta,
+                      else p with only p(x) lowered to max(0, p(x) - q(x)));  all accepted: y ~ p at K.
+
+At T = 0 the sampling distribution is the point mass on t1 = argmax z: the same formulas with u = 0
+give greedy strict (accept x == t1) and greedy mars (also x == t2 under R); the closing token is t1.
+mars_code at T = 0 is strict (the released code does not relax in greedy mode).
+
+Behaviour probabilities b (the chance the procedure emits y at a position, marginal over x ~ q) are the
+closed forms of ``../spec/mars.md``; the enumerated versions live in ``reference.py`` (tests compare).
+
+Departures of ``mars_code`` from the paper (kept on purpose, to reproduce the released numbers):
+no z1 > 0 guard (for z1 < 0, z2/z1 >= 1 and it relaxes even at theta >= 1); a top-1/top-2 draft at a
+near-tie is accepted with no random draw; a non-top-2 draft at a near-tie ends the round with a draw
+from the full p (the draft token itself may be drawn again); below the threshold the rejection residual
+subtracts only the drafted entry, which is lossless for a greedy draft but NOT for a full draft q.
+Under mars_code every token accepted through the margin branch is labelled RELAXED.
+
+Randomness: exactly one ``torch.rand((B, K+1), dtype=float64, generator=generator)`` per call at T > 0
+(column K draws the closing token by inverse CDF); none at T = 0.
+
+Host syncs: one for the input data checks; with a full draft q, mars / mars_code add one to gather the
+few positions whose behaviour probability needs a full-vocabulary sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, NamedTuple
+
+import torch
+
+from .dist import (
+    check_scalars,
+    logit_flags,
+    margin_ratio,
+    raise_on_flags,
+    relaxable,
+    sample_from_weights,
+    sampling_logits,
+    token_range_flag,
+    top2,
+)
+from .types import DEFAULT_THETA, Provenance, VerifyResult
+
+Rule = Literal["strict", "mars", "mars_code"]
+
+
+class _Pos(NamedTuple):
+    """Per-position facts every rule reads. All [B, K] over the draft positions unless noted."""
+
+    u: torch.Tensor  # float64 acceptance uniforms (zeros at T = 0)
+    x: torch.Tensor  # int64 drafted tokens
+    p_x: torch.Tensor  # float64 p(x)
+    q_x: torch.Tensor  # float64 q(x)
+    in_top2: torch.Tensor  # bool x in {t1, t2}
+    relax: torch.Tensor  # bool margin condition of the rule (R for mars, r > theta for mars_code)
+
+
+def _accept_strict(s: _Pos) -> tuple[torch.Tensor, torch.Tensor]:
+    ok = s.u * s.q_x < s.p_x
+    return ok, torch.zeros_like(ok)
+
+
+def _accept_mars(s: _Pos) -> tuple[torch.Tensor, torch.Tensor]:
+    ok = s.u * s.q_x < s.p_x
+    relaxed = ~ok & s.relax & s.in_top2
+    return ok | relaxed, relaxed
+
+
+def _accept_mars_code(s: _Pos) -> tuple[torch.Tensor, torch.Tensor]:
+    relaxed = s.relax & s.in_top2
+    return torch.where(s.relax, s.in_top2, s.u * s.q_x < s.p_x), relaxed
+
+
+_ACCEPT: dict[str, Callable[[_Pos], tuple[torch.Tensor, torch.Tensor]]] = {
+    "strict": _accept_strict,
+    "mars": _accept_mars,
+    "mars_code": _accept_mars_code,
+}
+
+
+class _Probs(NamedTuple):
+    """Probabilities at the emitted token y and at t1/t2, per position; all [B, K] float64."""
+
+    p_y: torch.Tensor
+    q_y: torch.Tensor
+    p_t1: torch.Tensor
+    p_t2: torch.Tensor
+    q_t1: torch.Tensor
+    q_t2: torch.Tensor
+    y_is_t1: torch.Tensor  # bool
+    y_is_t2: torch.Tensor  # bool
+    relax: torch.Tensor  # bool, the rule's margin condition
+
+
+def _behavior_strict(pr: _Probs, full_sum: Callable) -> torch.Tensor:
+    return pr.p_y
+
+
+def _behavior_mars(pr: _Probs, full_sum: Callable) -> torch.Tensor:
+    # b(y) = p(y) + delta(y) - D * res(y),  delta(v) = R [v in T] max(0, q(v) - p(v)),
+    # D = delta(t1) + delta(t2),
+    # res(y) = max(0, p(y) - q(y)) / Z,  Z = sum_v max(0, p(v) - q(v))  (the strict residual mass)
+    d1 = pr.relax * (pr.q_t1 - pr.p_t1).clamp_min(0)
+    d2 = pr.relax * (pr.q_t2 - pr.p_t2).clamp_min(0)
+    big_d = d1 + d2
+    z_mass = full_sum("residual_mass", big_d > 0)
+    res_y = (pr.p_y - pr.q_y).clamp_min(0) / z_mass.clamp_min(1e-300)
+    return pr.p_y + pr.y_is_t1 * d1 + pr.y_is_t2 * d2 - torch.where(big_d > 0, big_d * res_y, 0.0)
+
+
+def _behavior_mars_code(pr: _Probs, full_sum: Callable) -> torch.Tensor:
+    # r > theta: x' ~ q; x' in T is emitted, anything else closes with y ~ p:
+    #   b(y) = q(y) [y in T] + (1 - q(t1) - q(t2)) p(y)
+    # otherwise (accept w.p. min(1, p/q), reject -> p with only p(x) lowered by q(x)):
+    #   b(y) = min(p(y), q(y)) + p(y) (S - a(y) / (1 - p(y))),  a(v) = max(0, q(v) - p(v)),
+    #   S = sum_v a(v) / (1 - p(v))
+    in_t = pr.y_is_t1 | pr.y_is_t2
+    b_relax = pr.q_y * in_t + (1.0 - pr.q_t1 - pr.q_t2) * pr.p_y
+    s_sum = full_sum("code_rejection_sum", ~pr.relax)
+    a_y = (pr.q_y - pr.p_y).clamp_min(0)
+    own = torch.where(a_y > 0, a_y / (1.0 - pr.p_y).clamp_min(1e-300), 0.0)
+    b_test = torch.minimum(pr.p_y, pr.q_y) + pr.p_y * (s_sum - own)
+    return torch.where(pr.relax, b_relax, b_test)
+
+
+_BEHAVIOR: dict[str, Callable[[_Probs, Callable], torch.Tensor]] = {
+    "strict": _behavior_strict,
+    "mars": _behavior_mars,
+    "mars_code": _behavior_mars_code,
+}
+
+
+def verify_chain(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    *,
+    rule: Rule = "strict",
+    temperature: float = 1.0,
+    theta: float = DEFAULT_THETA,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> VerifyResult:
+    """Verify one round of K drafted tokens per row.
+
+    Args:
+        target_logits: [B, K+1, V] raw target logits at the K draft positions and the bonus position.
+        draft_tokens: [B, K] int drafted ids in the target vocabulary.
+        draft_probs: [B, K, V] the draft's sampling distribution at each position (target vocabulary,
+            zero outside the draft vocabulary), or None for a greedy (one-hot) draft.
+        rule: "strict" (lossless), "mars" (margin-aware, the paper) or "mars_code" (the released code).
+        temperature: T > 0 samples from softmax(z / T) after top_k / top_p; T == 0 is greedy.
+        theta: margin threshold; theta >= 1 turns mars into strict.
+        top_k, top_p: the target's sampling filters (None = off). The margin uses raw logits.
+        generator: source of all randomness (None = torch's global generator).
+
+    Returns:
+        VerifyResult, each field [B, K+1] (``num_emitted`` [B]); see ``types.VerifyResult``.
+    """
+    check_scalars(rule, _ACCEPT, temperature, theta, top_k, top_p)
+    _check_chain_shapes(target_logits, draft_tokens, draft_probs)
+    z = target_logits
+    bsz, k1, vocab = z.shape
+    k = k1 - 1
+    dev = z.device
+    greedy = temperature == 0
+    rule_eff = "strict" if (greedy and rule == "mars_code") else rule
+    draft_tokens = draft_tokens.long()
+
+    t1, t2, z1, z2 = top2(z)  # each [B, K+1]
+    ratio = margin_ratio(z1, z2)
+    relax = ratio > theta if rule_eff == "mars_code" else relaxable(z1, ratio, theta)  # [B, K+1]
+
+    flags = logit_flags("target_logits", z1) | token_range_flag("draft_tokens", draft_tokens, vocab)
+    if greedy:
+        xs = lse = None
+    else:
+        xs = sampling_logits(z, temperature, top_k, top_p)  # [B, K+1, V] float32
+        lse = torch.logsumexp(xs, dim=-1)  # [B, K+1]
+    if draft_probs is not None:
+        sums = draft_probs.sum(dim=-1, dtype=torch.float64)  # [B, K]
+        tol = 1e-3 if draft_probs.dtype in (torch.float32, torch.float64) else 2e-2
+        flags[f"draft_probs rows must sum to 1 (got a row off by more than {tol:g})"] = ~(
+            (sums - 1).abs() <= tol
+        ).all()
+        flags["draft_probs has negative entries"] = draft_probs.amin() < 0
+    raise_on_flags(flags)
+
+    def logp_at(tokens: torch.Tensor, cols: slice) -> torch.Tensor:
+        """log p(tokens) at positions ``cols``; tokens [B, J] (>= 0) -> [B, J] float64."""
+        if greedy:
+            hit = tokens == t1[:, cols]
+            return torch.where(hit, 0.0, float("-inf")).double()
+        return (xs[:, cols].gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - lse[:, cols]).double()
+
+    def q_at(tokens: torch.Tensor) -> torch.Tensor:
+        """q(tokens) at the K draft positions; tokens [B, K] -> [B, K] float64."""
+        if draft_probs is None:
+            return (tokens == draft_tokens).double()
+        return draft_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).double()
+
+    u = (
+        torch.zeros(bsz, k1, dtype=torch.float64, device=dev)
+        if greedy
+        else torch.rand((bsz, k1), dtype=torch.float64, device=dev, generator=generator)
+    )
+    draft_cols = slice(0, k)
+    top_t1, top_t2 = t1[:, draft_cols], t2[:, draft_cols]
+    pos = _Pos(
+        u=u[:, :k],
+        x=draft_tokens,
+        p_x=logp_at(draft_tokens, draft_cols).exp(),
+        q_x=q_at(draft_tokens),
+        in_top2=(draft_tokens == top_t1) | (draft_tokens == top_t2),
+        relax=relax[:, :k],
+    )
+    accept, relaxed = _ACCEPT[rule_eff](pos)  # [B, K] each
+    n_acc = accept.long().cumprod(dim=1).sum(dim=1)  # [B] accepted drafts
+    rows = torch.arange(bsz, device=dev)
+
+    # --- the closing token at column n_acc: residual after a rejection, or the bonus draw at K ---
+    closed_early = n_acc < k  # [B]
+    if greedy:
+        y_close = t1[rows, n_acc]
+    else:
+        x_c = xs[rows, n_acc]  # [B, V]
+        p_c = (x_c - lse[rows, n_acc].unsqueeze(-1)).exp()
+        col = n_acc.clamp(max=k - 1)
+        x_tok = draft_tokens[rows, col]  # [B] the rejected draft (ignored for bonus rows)
+        if draft_probs is None:
+            q_c = torch.zeros_like(p_c).scatter_(-1, x_tok.unsqueeze(-1), 1.0)
+        else:
+            q_c = draft_probs[rows, col].float()
+        q_c = q_c * closed_early.unsqueeze(-1)  # bonus rows: q = 0, so every weight below is p
+        w = _closing_weights(rule_eff, p_c, q_c, x_tok, relax[rows, n_acc] & closed_early)
+        y_close = sample_from_weights(w, u[:, k])
+
+    # --- the per-token record ---
+    col_idx = torch.arange(k1, device=dev).unsqueeze(0)  # [1, K+1]
+    emitted = col_idx <= n_acc.unsqueeze(1)  # [B, K+1]
+    is_close = col_idx == n_acc.unsqueeze(1)
+    drafted = torch.cat([draft_tokens, t1[:, k:]], dim=1)  # column K placeholder
+    y = torch.where(is_close, y_close.unsqueeze(1), drafted)  # [B, K+1], valid where emitted
+
+    logp_y = logp_at(y, slice(None))  # [B, K+1]
+    behavior = torch.empty_like(logp_y)
+    behavior[:, k] = logp_y[:, k]  # bonus position: b = p
+    y_d = y[:, :k]
+
+    def full_sum(kind: str, need: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary sums needed by the closed forms, only at emitted positions that use them."""
+        if draft_probs is None:  # one-hot q on x: both sums are closed form
+            p_x = pos.p_x
+            if kind == "residual_mass":  # sum max(0, p - q) = 1 - min(p(x), 1)
+                return 1.0 - p_x
+            return (p_x < 1).double()  # sum a(v)/(1 - p(v)) = (1 - p(x)) / (1 - p(x))
+        if greedy:  # p is the point mass on t1 (only mars gets here: mars_code at T = 0 is strict)
+            return 1.0 - q_at(top_t1)
+        out = torch.ones(bsz, k, dtype=torch.float64, device=dev)
+        idx = (need & emitted[:, :k]).nonzero(as_tuple=True)
+        p_rows = (xs[:, :k][idx] - lse[:, :k][idx].unsqueeze(-1)).exp()  # [M, V]
+        q_rows = draft_probs[idx].float()
+        if kind == "residual_mass":
+            out[idx] = (p_rows - q_rows).clamp_min(0).sum(-1, dtype=torch.float64)
+        else:
+            a = (q_rows - p_rows).clamp_min(0)
+            out[idx] = (a / (1 - p_rows).clamp_min(1e-30)).sum(-1, dtype=torch.float64)
+        return out
+
+    probs = _Probs(
+        p_y=logp_y[:, :k].exp(),
+        q_y=q_at(y_d),
+        p_t1=logp_at(top_t1, draft_cols).exp(),
+        p_t2=logp_at(top_t2, draft_cols).exp(),
+        q_t1=q_at(top_t1),
+        q_t2=q_at(top_t2),
+        y_is_t1=y_d == top_t1,
+        y_is_t2=y_d == top_t2,
+        relax=pos.relax,
+    )
+    behavior[:, :k] = _BEHAVIOR[rule_eff](probs, full_sum).clamp_min(0).log()
+
+    prov = torch.full((bsz, k1), int(Provenance.PAD), dtype=torch.int8, device=dev)
+    acc_cols = col_idx[:, :k] < n_acc.unsqueeze(1)
+    prov[:, :k] = torch.where(
+        acc_cols,
+        torch.where(relaxed, int(Provenance.RELAXED), int(Provenance.ACCEPTED)),
+        int(Provenance.PAD),
+    ).to(torch.int8)
+    close_code = torch.where(closed_early, int(Provenance.RESAMPLED), int(Provenance.BONUS)).to(torch.int8)
+    prov = torch.where(is_close, close_code.unsqueeze(1), prov)
+
+    zero = torch.zeros((), device=dev)
+    return VerifyResult(
+        tokens=torch.where(emitted, y, -1),
+        num_emitted=n_acc + 1,
+        provenance=prov,
+        target_logprob=torch.where(emitted, logp_y.float(), zero),
+        behavior_logprob=torch.where(emitted, behavior.float(), zero),
+        logit_ratio=torch.where(emitted, ratio, zero),
+        is_top2=emitted & (y == t2),
+    )
+
+
+def _closing_weights(
+    rule: str, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, relax_here: torch.Tensor
+) -> torch.Tensor:
+    """Unnormalised weights of the closing draw. p, q [B, V] (q = 0 on bonus rows), x [B] the rejected
+    draft, relax_here [B] the rule's margin condition at the closing position (rejected rows only)."""
+    if rule == "mars_code":
+        # below the threshold only the drafted entry is lowered; above it the full p is used
+        lowered = (p.gather(-1, x.unsqueeze(-1)) - q.gather(-1, x.unsqueeze(-1))).clamp_min(0)
+        adjusted = p.scatter(-1, x.unsqueeze(-1), lowered)
+        return torch.where(relax_here.unsqueeze(-1), p, adjusted)
+    residual = (p - q).clamp_min(0)
+    # p == q exactly leaves no residual mass; rejection then has probability 0, so any choice is exact
+    empty = residual.sum(dim=-1, keepdim=True) <= 0
+    return torch.where(empty, p, residual)
+
+
+def _check_chain_shapes(target_logits, draft_tokens, draft_probs) -> None:
+    if not isinstance(target_logits, torch.Tensor) or target_logits.dim() != 3:
+        raise ValueError(f"target_logits must be a [B, K+1, V] tensor, got shape {_shape(target_logits)}")
+    if not target_logits.is_floating_point():
+        raise ValueError(f"target_logits must be floating point, got {target_logits.dtype}")
+    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dim() != 2:
+        raise ValueError(f"draft_tokens must be a [B, K] tensor, got shape {_shape(draft_tokens)}")
+    if draft_tokens.is_floating_point():
+        raise ValueError(f"draft_tokens must be an integer tensor, got {draft_tokens.dtype}")
+    bsz, k = draft_tokens.shape
+    if k == 0:
+        raise ValueError("draft_tokens has K = 0 draft positions; verification needs K >= 1")
+    if tuple(target_logits.shape[:2]) != (bsz, k + 1):
+        raise ValueError(
+            f"target_logits must be [B, K+1, V] = [{bsz}, {k + 1}, V] for draft_tokens [{bsz}, {k}], "
+            f"got {list(target_logits.shape)}"
+        )
+    if target_logits.shape[2] < 2:
+        raise ValueError("target_logits needs a vocabulary of at least 2 tokens (top-2 margin)")
+    if draft_probs is not None:
+        want = (bsz, k, target_logits.shape[2])
+        if not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != want:
+            raise ValueError(f"draft_probs must be [B, K, V] = {list(want)}, got {_shape(draft_probs)}")
+        if not draft_probs.is_floating_point():
+            raise ValueError(f"draft_probs must be floating point, got {draft_probs.dtype}")
+
+
+def _shape(t) -> str:
+    return str(list(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__

@@ -1,0 +1,336 @@
+"""Verification of a batch of EAGLE-2/3 draft trees: recursive rejection over siblings, with the same
+three rules as the chain and the same per-token record along the accepted path.
+
+Tree layout (per row): ``target_logits[:, 0]`` is the root (the logits after the last committed token,
+predicting the first tree level) and ``target_logits[:, i+1]`` the logits at node i.  ``parents[:, i]``
+is -1 for a child of the root, otherwise the index of node i's parent, always < i (parents first).
+``tree_tokens[:, i] == -1`` marks a padding node.  The children of a node, in increasing index order,
+are its siblings in the draft's rank order.  The sibling tokens of one node must be distinct.
+
+At each node on the path, with p the target's sampling distribution there, rem = the mass not yet
+removed (starts at 1), and siblings s_1..s_m tried in order:
+
+    strict   : accept s iff u * rem < p(s)            else rem -= p(s); p(s) <- 0
+    mars     : strict test, else accept (RELAXED) if z1 > 0, z2/z1 > theta and s in {t1, t2}
+    mars_code: if z2/z1 > theta: accept the first sibling in {t1, t2} (no draw; none -> close from full p)
+               else accept iff u * q(s) * rem < p(s), else p(s) <- max(0, p(s) - q(s)), rem -= min(p(s), q(s))
+    all rejected: close with y ~ the adjusted p (RESAMPLED); a node without children: y ~ p (BONUS).
+
+strict and mars treat every sibling as a deterministic proposal (q = 1, as EAGLE's top-k expansion is);
+``draft_probs`` (the draft's probability of each node token) is read only by mars_code, as the released
+code does.  mars_code's departures from the paper are listed in ``chain.py``.  At T = 0 p is the point mass
+on t1 and u = 0, which gives EAGLE's greedy path walk (plus t2 under the margin rule for mars).
+
+Behaviour probability of the token y emitted at a node (siblings fixed):
+    b(y) = sum_k [s_k == y] reach_k a_k + reach_end * w(y) / sum(w),
+    reach_1 = 1, reach_{k+1} = reach_k (1 - a_k), a_k = the chance sibling k is accepted once reached,
+    w = the closing weights at that node.  Strict gives b = p exactly (lossless).
+
+Randomness: one ``torch.rand((B, D*C + 1), dtype=float64, generator=generator)`` per call at T > 0, where
+D is the deepest node and C the most children of any node in the batch; column j*C + k is the k-th
+sibling at depth j, the last column draws the closing token.  None at T = 0.
+Host syncs: three per call (input checks, the tree's D and C, the children table); none per level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .chain import Rule
+from .dist import (
+    check_scalars,
+    logit_flags,
+    margin_ratio,
+    raise_on_flags,
+    relaxable,
+    sample_from_weights,
+    sampling_logits,
+    token_range_flag,
+    top2,
+)
+from .types import DEFAULT_THETA, Provenance, TreeVerifyResult
+
+
+class _Sibling(NamedTuple):
+    """What a rule needs about sibling k of every row; all [B]."""
+
+    p_s: torch.Tensor  # float64 p(s) (unchanged so far: sibling tokens are distinct)
+    q_s: torch.Tensor  # float64 draft probability of the node (1 when not given)
+    in_top2: torch.Tensor  # bool s in {t1, t2}
+    relax: torch.Tensor  # bool the rule's margin condition at the parent
+    rem: torch.Tensor  # float64 mass not yet removed at this parent
+    u: torch.Tensor  # float64 uniform (zeros at T = 0)
+
+
+# Each step returns (passed_strict_test, accepted_by_margin, accept_probability a, mass_removed_if_rejected).
+def _step_strict(s: _Sibling):
+    a = (s.p_s / s.rem.clamp_min(1e-300)).clamp(0, 1)
+    return s.u * s.rem < s.p_s, torch.zeros_like(s.in_top2), a, s.p_s
+
+
+def _step_mars(s: _Sibling):
+    passed, _, a, removed = _step_strict(s)
+    margin = s.relax & s.in_top2
+    return passed, margin, torch.where(margin, 1.0, a), removed
+
+
+def _step_mars_code(s: _Sibling):
+    passed = ~s.relax & (s.u * s.q_s * s.rem < s.p_s)
+    a_test = (s.p_s / (s.rem * s.q_s).clamp_min(1e-300)).clamp(0, 1)
+    a = torch.where(s.relax, s.in_top2.double(), a_test)
+    removed = torch.where(s.relax, 0.0, torch.minimum(s.p_s, s.q_s))
+    return passed, s.relax & s.in_top2, a, removed
+
+
+_STEP: dict[str, Callable] = {"strict": _step_strict, "mars": _step_mars, "mars_code": _step_mars_code}
+
+
+class _Node(NamedTuple):
+    """The verification facts at the current node of every row."""
+
+    t1: torch.Tensor  # [B]
+    t2: torch.Tensor  # [B]
+    z1: torch.Tensor  # [B]
+    ratio: torch.Tensor  # [B]
+    relax: torch.Tensor  # [B] bool
+    p_row: torch.Tensor | None  # [B, V] float32 sampling distribution (None at T = 0)
+    sib_node: torch.Tensor  # [B, C] child node index, -1 for none
+    sib_valid: torch.Tensor  # [B, C] bool
+    sib_tok: torch.Tensor  # [B, C] int64 (0 where invalid)
+    logp_s: torch.Tensor  # [B, C] float64 log p(sibling token)
+    q_s: torch.Tensor  # [B, C] float64
+
+
+class _Walk(NamedTuple):
+    a: torch.Tensor  # [B, C] accept probability of each sibling once reached (0 where invalid)
+    reach: torch.Tensor  # [B, C] probability of reaching each sibling
+    removed: torch.Tensor  # [B, C] mass removed from p(s) when s is rejected
+    reach_end: torch.Tensor  # [B] probability that every sibling is rejected
+    rem_end: torch.Tensor  # [B] mass left for the closing draw
+    pick: torch.Tensor  # [B] index of the accepted sibling, -1 if none
+    pick_relaxed: torch.Tensor  # [B] bool accepted only by the margin rule
+
+
+def _walk_siblings(rule: str, node: _Node, u: torch.Tensor) -> _Walk:
+    """Try the siblings of every row's current node in order. u [B, C] float64 uniforms."""
+    bsz, n_sib = node.sib_node.shape
+    dev = node.sib_node.device
+    rem = torch.ones(bsz, dtype=torch.float64, device=dev)
+    reach = torch.ones_like(rem)
+    pick = torch.full((bsz,), -1, dtype=torch.long, device=dev)
+    pick_relaxed = torch.zeros(bsz, dtype=torch.bool, device=dev)
+    p_s = node.logp_s.exp()
+    in_top2 = (node.sib_tok == node.t1.unsqueeze(1)) | (node.sib_tok == node.t2.unsqueeze(1))
+    cols_a, cols_reach, cols_removed = [], [], []
+    for k in range(n_sib):
+        valid = node.sib_valid[:, k]
+        sib = _Sibling(p_s[:, k], node.q_s[:, k], in_top2[:, k], node.relax, rem, u[:, k])
+        passed, margin, a, removed = _STEP[rule](sib)
+        a = torch.where(valid, a, 0.0)
+        removed = torch.where(valid, removed, 0.0)
+        take = valid & (pick < 0) & (passed | margin)
+        pick = torch.where(take, k, pick)
+        pick_relaxed = pick_relaxed | (take & ~passed)
+        cols_a.append(a)
+        cols_reach.append(reach)
+        cols_removed.append(removed)
+        reach = reach * (1 - a)
+        rem = rem - removed
+    stack = (lambda cols: torch.stack(cols, 1)) if n_sib else (lambda cols: rem.new_zeros(bsz, 0))
+    return _Walk(stack(cols_a), stack(cols_reach), stack(cols_removed), reach, rem, pick, pick_relaxed)
+
+
+def verify_tree(
+    target_logits: torch.Tensor,
+    tree_tokens: torch.Tensor,
+    parents: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    *,
+    rule: Rule = "strict",
+    temperature: float = 1.0,
+    theta: float = DEFAULT_THETA,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> TreeVerifyResult:
+    """Verify one round of draft trees and return the accepted path plus its closing token.
+
+    Args:
+        target_logits: [B, N+1, V] raw logits at the root (row 0) and at each node (row i+1).
+        tree_tokens: [B, N] int node tokens in the target vocabulary, -1 for padding nodes.
+        parents: [B, N] int parent node index (-1 = root), parents before children.
+        draft_probs: [B, N] the draft's probability of each node's token (read by mars_code only).
+        rule, temperature, theta, top_k, top_p, generator: as for ``verify_chain``.
+
+    Returns:
+        TreeVerifyResult with fields [B, D+1]; ``path_nodes`` names the accepted nodes.
+    """
+    check_scalars(rule, _STEP, temperature, theta, top_k, top_p)
+    _check_tree_shapes(target_logits, tree_tokens, parents, draft_probs)
+    z = target_logits
+    bsz, n1, vocab = z.shape
+    n = n1 - 1
+    dev = z.device
+    greedy = temperature == 0
+    rule_eff = "strict" if (greedy and rule == "mars_code") else rule
+    tree_tokens, parents = tree_tokens.long(), parents.long()
+
+    valid = tree_tokens >= 0  # [B, N]
+    slot = (parents + 1).clamp(0, n)  # [B, N] parent's row in target_logits (0 = root)
+    node_ids = torch.arange(n, device=dev)
+    flags = token_range_flag("tree_tokens", tree_tokens, vocab, allow_pad=True)
+    parent_ok = (parents >= -1) & (parents < node_ids)
+    parent_ok &= (parents == -1) | valid.gather(1, parents.clamp(0, max(n - 1, 0)))
+    flags["parents must be -1 or the index of an earlier, non-padding node"] = (valid & ~parent_ok).any()
+    same = (slot.unsqueeze(2) == slot.unsqueeze(1)) & (tree_tokens.unsqueeze(2) == tree_tokens.unsqueeze(1))
+    same &= valid.unsqueeze(2) & valid.unsqueeze(1) & ~torch.eye(n, dtype=torch.bool, device=dev)
+    flags["tree_tokens has a repeated token among the children of one node"] = same.any()
+    if draft_probs is not None:
+        flags["draft_probs must be in (0, 1] on every non-padding node"] = (
+            valid & ~((draft_probs > 0) & (draft_probs <= 1))
+        ).any()
+    raise_on_flags(flags)
+
+    # --- tree structure: depth of every node, and a [B, N+1, C] children table ---
+    depth = torch.zeros(bsz, n1, dtype=torch.long, device=dev)  # by logits row; the root has depth 0
+    for i in range(n):  # parents come first, so one pass settles every depth
+        depth[:, i + 1] = depth.gather(1, slot[:, i : i + 1]).squeeze(1) + 1
+    member = F.one_hot(slot, n1) * valid.unsqueeze(-1)  # [B, N, N+1]
+    rank = (member.cumsum(1) * member).sum(-1) - 1  # [B, N] position among its siblings
+    max_children, max_depth = torch.stack([member.sum(1).max(), (depth[:, 1:] * valid).max()]).tolist()
+    children = torch.full((bsz, n1, max(max_children, 1)), -1, dtype=torch.long, device=dev)
+    b_idx, n_idx = valid.nonzero(as_tuple=True)
+    children[b_idx, slot[b_idx, n_idx], rank[b_idx, n_idx]] = n_idx
+    children = children[:, :, :max_children]
+    q_nodes = draft_probs.double() if draft_probs is not None else None
+
+    u = (
+        torch.zeros(bsz, max_depth * max_children + 1, dtype=torch.float64, device=dev)
+        if greedy
+        else torch.rand(
+            (bsz, max_depth * max_children + 1), dtype=torch.float64, device=dev, generator=generator
+        )
+    )
+    rows = torch.arange(bsz, device=dev)
+
+    def at_node(cur: torch.Tensor) -> _Node:
+        zc = z[rows, cur]  # [B, V]
+        t1, t2, z1, z2 = top2(zc)
+        ratio = margin_ratio(z1, z2)
+        relax = ratio > theta if rule_eff == "mars_code" else relaxable(z1, ratio, theta)
+        sib_node = children[rows, cur]  # [B, C]
+        sib_valid = sib_node >= 0
+        sib_tok = tree_tokens.gather(1, sib_node.clamp(min=0)).clamp(min=0)
+        if greedy:
+            p_row = None
+            logp_s = torch.where(sib_tok == t1.unsqueeze(1), 0.0, float("-inf")).double()
+        else:
+            xr = sampling_logits(zc, temperature, top_k, top_p)
+            lse = torch.logsumexp(xr, dim=-1, keepdim=True)
+            p_row = (xr - lse).exp()
+            logp_s = (xr.gather(1, sib_tok) - lse).double()
+        q_s = q_nodes.gather(1, sib_node.clamp(min=0)) if q_nodes is not None else torch.ones_like(logp_s)
+        return _Node(t1, t2, z1, ratio, relax, p_row, sib_node, sib_valid, sib_tok, logp_s, q_s)
+
+    width = max_depth + 1
+    tokens = torch.full((bsz, width), -1, dtype=torch.long, device=dev)
+    path_nodes = torch.full_like(tokens, -1)
+    prov = torch.zeros(bsz, width, dtype=torch.int8, device=dev)
+    target_lp = torch.zeros(bsz, width, device=dev)
+    behavior_lp = torch.zeros_like(target_lp)
+    ratios = torch.zeros_like(target_lp)
+    is_top2 = torch.zeros(bsz, width, dtype=torch.bool, device=dev)
+    row_max = torch.full((bsz,), float("-inf"), device=dev)  # for the NaN / inf checks on rows used
+
+    cur = torch.zeros(bsz, dtype=torch.long, device=dev)  # logits row of the current node
+    alive = torch.ones(bsz, dtype=torch.bool, device=dev)
+    n_acc = torch.zeros(bsz, dtype=torch.long, device=dev)
+    for j in range(max_depth):
+        node = at_node(cur)
+        row_max = torch.maximum(row_max, torch.where(alive, node.z1, float("-inf")))
+        walk = _walk_siblings(rule_eff, node, u[:, j * max_children : (j + 1) * max_children])
+        acc = alive & (walk.pick >= 0)
+        k = walk.pick.clamp(min=0).unsqueeze(1)
+        pick = lambda t, k=k: t.gather(1, k).squeeze(1)  # noqa: E731
+        leftover = (pick(node.logp_s).exp() - pick(walk.removed)) / walk.rem_end.clamp_min(1e-300)
+        b = pick(walk.reach) * pick(walk.a) + torch.where(walk.reach_end > 0, walk.reach_end * leftover, 0.0)
+        tok = pick(node.sib_tok)
+        code = torch.where(walk.pick_relaxed, int(Provenance.RELAXED), int(Provenance.ACCEPTED))
+        tokens[:, j] = torch.where(acc, tok, -1)
+        path_nodes[:, j] = torch.where(acc, pick(node.sib_node), -1)
+        prov[:, j] = torch.where(acc, code, int(Provenance.PAD)).to(torch.int8)
+        target_lp[:, j] = torch.where(acc, pick(node.logp_s).float(), 0.0)
+        behavior_lp[:, j] = torch.where(acc, b.clamp_min(0).log().float(), 0.0)
+        ratios[:, j] = torch.where(acc, node.ratio, 0.0)
+        is_top2[:, j] = acc & (tok == node.t2)
+        n_acc += acc
+        cur = torch.where(acc, pick(node.sib_node) + 1, cur)
+        alive = acc
+
+    # --- the closing token at the node where each row's path stopped ---
+    node = at_node(cur)
+    row_max = torch.maximum(row_max, node.z1)
+    raise_on_flags(logit_flags("target_logits (rows on the verified paths)", row_max))
+    walk = _walk_siblings(rule_eff, node, torch.zeros_like(node.logp_s))
+    has_children = node.sib_valid.any(dim=1)
+    if greedy:
+        y = node.t1
+        w_y_frac = torch.ones(bsz, dtype=torch.float64, device=dev)
+        logp_y = torch.zeros_like(w_y_frac)
+    else:
+        w = node.p_row.double().scatter_add(1, node.sib_tok, -walk.removed).clamp_min(0)  # [B, V]
+        y = sample_from_weights(w, u[:, -1])
+        w_y_frac = w.gather(1, y.unsqueeze(1)).squeeze(1) / w.sum(1).clamp_min(1e-300)
+        logp_y = node.p_row.gather(1, y.unsqueeze(1)).squeeze(1).double().log()
+    via_sibling = ((node.sib_tok == y.unsqueeze(1)) & node.sib_valid) * walk.reach * walk.a
+    b = via_sibling.sum(1) + walk.reach_end * w_y_frac
+    code = torch.where(has_children, int(Provenance.RESAMPLED), int(Provenance.BONUS)).to(torch.int8)
+    col = n_acc.unsqueeze(1)
+    put = lambda dst, val: dst.scatter_(1, col, val.to(dst.dtype).unsqueeze(1))  # noqa: E731
+    put(tokens, y)
+    put(prov, code)
+    put(target_lp, logp_y)
+    put(behavior_lp, b.clamp_min(0).log())
+    put(ratios, node.ratio)
+    put(is_top2, y == node.t2)
+
+    return TreeVerifyResult(
+        tokens=tokens,
+        num_emitted=n_acc + 1,
+        path_nodes=path_nodes,
+        provenance=prov,
+        target_logprob=target_lp,
+        behavior_logprob=behavior_lp,
+        logit_ratio=ratios,
+        is_top2=is_top2,
+    )
+
+
+def _check_tree_shapes(target_logits, tree_tokens, parents, draft_probs) -> None:
+    named = (("target_logits", target_logits, 3), ("tree_tokens", tree_tokens, 2), ("parents", parents, 2))
+    for name, t, dims in named:
+        if not isinstance(t, torch.Tensor) or t.dim() != dims:
+            raise ValueError(f"{name} must be a {dims}-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if not target_logits.is_floating_point():
+        raise ValueError(f"target_logits must be floating point, got {target_logits.dtype}")
+    if tree_tokens.is_floating_point() or parents.is_floating_point():
+        raise ValueError("tree_tokens and parents must be integer tensors")
+    bsz, n = tree_tokens.shape
+    if tuple(parents.shape) != (bsz, n):
+        raise ValueError(f"parents must be [B, N] = [{bsz}, {n}] like tree_tokens, got {list(parents.shape)}")
+    if tuple(target_logits.shape[:2]) != (bsz, n + 1):
+        raise ValueError(
+            f"target_logits must be [B, N+1, V] = [{bsz}, {n + 1}, V] for tree_tokens [{bsz}, {n}], "
+            f"got {list(target_logits.shape)}"
+        )
+    if target_logits.shape[2] < 2:
+        raise ValueError("target_logits needs a vocabulary of at least 2 tokens (top-2 margin)")
+    if draft_probs is not None and (
+        not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != (bsz, n)
+    ):
+        got = getattr(draft_probs, "shape", type(draft_probs).__name__)
+        raise ValueError(f"draft_probs must be [B, N] = [{bsz}, {n}], got {got}")
