@@ -40,15 +40,17 @@ from typing import Literal, NamedTuple
 import torch
 
 from .dist import (
+    TargetDist,
     check_scalars,
+    dist_logp,
+    dist_probs,
     logit_flags,
     margin_ratio,
     raise_on_flags,
     relaxable,
     sample_from_weights,
-    sampling_logits,
+    target_dist,
     token_range_flag,
-    top2,
 )
 from .types import DEFAULT_THETA, Provenance, VerifyResult
 
@@ -179,18 +181,14 @@ def verify_chain(
     rule_eff = "strict" if (greedy and rule == "mars_code") else rule
     draft_tokens = draft_tokens.long()
 
-    t1, t2, z1, z2 = top2(z)  # each [B, K+1]
-    ratio = margin_ratio(z1, z2)
-    relax = ratio > theta if rule_eff == "mars_code" else relaxable(z1, ratio, theta)  # [B, K+1]
+    d = target_dist(z, temperature, top_k, top_p)  # top-2 and normaliser at every position [B, K+1]
+    t1, t2 = d.t1, d.t2
+    ratio = margin_ratio(d.z1, d.z2)
+    relax = ratio > theta if rule_eff == "mars_code" else relaxable(d.z1, ratio, theta)  # [B, K+1]
 
-    flags = logit_flags("target_logits", z1) | token_range_flag("draft_tokens", draft_tokens, vocab)
-    if greedy:
-        xs = lse = None
-    else:
-        xs = sampling_logits(z, temperature, top_k, top_p)  # [B, K+1, V] float32
-        lse = torch.logsumexp(xs, dim=-1)  # [B, K+1]
+    flags = logit_flags("target_logits", d.z1) | token_range_flag("draft_tokens", draft_tokens, vocab)
     if draft_probs is not None:
-        sums = draft_probs.sum(dim=-1, dtype=torch.float64)  # [B, K]
+        sums = draft_probs.sum(dim=-1).double()  # [B, K]  (fp32 pairwise sums: error ~1e-6)
         tol = 1e-3 if draft_probs.dtype in (torch.float32, torch.float64) else 2e-2
         flags[f"draft_probs rows must sum to 1 (got a row off by more than {tol:g})"] = ~(
             (sums - 1).abs() <= tol
@@ -198,12 +196,8 @@ def verify_chain(
         flags["draft_probs has negative entries"] = draft_probs.amin() < 0
     raise_on_flags(flags)
 
-    def logp_at(tokens: torch.Tensor, cols: slice) -> torch.Tensor:
-        """log p(tokens) at positions ``cols``; tokens [B, J] (>= 0) -> [B, J] float64."""
-        if greedy:
-            hit = tokens == t1[:, cols]
-            return torch.where(hit, 0.0, float("-inf")).double()
-        return (xs[:, cols].gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - lse[:, cols]).double()
+    # Column K has no draft; give it a placeholder (t1) so every per-position tensor is [B, K+1].
+    drafted = torch.cat([draft_tokens, t1[:, k:]], dim=1)  # [B, K+1]
 
     def q_at(tokens: torch.Tensor) -> torch.Tensor:
         """q(tokens) at the K draft positions; tokens [B, K] -> [B, K] float64."""
@@ -216,12 +210,11 @@ def verify_chain(
         if greedy
         else torch.rand((bsz, k1), dtype=torch.float64, device=dev, generator=generator)
     )
-    draft_cols = slice(0, k)
-    top_t1, top_t2 = t1[:, draft_cols], t2[:, draft_cols]
+    top_t1, top_t2 = t1[:, :k], t2[:, :k]
     pos = _Pos(
         u=u[:, :k],
         x=draft_tokens,
-        p_x=logp_at(draft_tokens, draft_cols).exp(),
+        p_x=dist_logp(d, drafted)[:, :k].exp(),
         q_x=q_at(draft_tokens),
         in_top2=(draft_tokens == top_t1) | (draft_tokens == top_t2),
         relax=relax[:, :k],
@@ -235,26 +228,20 @@ def verify_chain(
     if greedy:
         y_close = t1[rows, n_acc]
     else:
-        x_c = xs[rows, n_acc]  # [B, V]
-        p_c = (x_c - lse[rows, n_acc].unsqueeze(-1)).exp()
+        p_c = dist_probs(d, (rows, n_acc))  # [B, V]
         col = n_acc.clamp(max=k - 1)
         x_tok = draft_tokens[rows, col]  # [B] the rejected draft (ignored for bonus rows)
-        if draft_probs is None:
-            q_c = torch.zeros_like(p_c).scatter_(-1, x_tok.unsqueeze(-1), 1.0)
-        else:
-            q_c = draft_probs[rows, col].float()
-        q_c = q_c * closed_early.unsqueeze(-1)  # bonus rows: q = 0, so every weight below is p
-        w = _closing_weights(rule_eff, p_c, q_c, x_tok, relax[rows, n_acc] & closed_early)
+        q_c = None if draft_probs is None else draft_probs[rows, col].float()
+        w = _closing_weights(rule_eff, p_c, q_c, x_tok, closed_early, relax[rows, n_acc])
         y_close = sample_from_weights(w, u[:, k])
 
     # --- the per-token record ---
     col_idx = torch.arange(k1, device=dev).unsqueeze(0)  # [1, K+1]
     emitted = col_idx <= n_acc.unsqueeze(1)  # [B, K+1]
     is_close = col_idx == n_acc.unsqueeze(1)
-    drafted = torch.cat([draft_tokens, t1[:, k:]], dim=1)  # column K placeholder
     y = torch.where(is_close, y_close.unsqueeze(1), drafted)  # [B, K+1], valid where emitted
 
-    logp_y = logp_at(y, slice(None))  # [B, K+1]
+    logp_y = dist_logp(d, y)  # [B, K+1]
     behavior = torch.empty_like(logp_y)
     behavior[:, k] = logp_y[:, k]  # bonus position: b = p
     y_d = y[:, :k]
@@ -270,20 +257,14 @@ def verify_chain(
             return 1.0 - q_at(top_t1)
         out = torch.ones(bsz, k, dtype=torch.float64, device=dev)
         idx = (need & emitted[:, :k]).nonzero(as_tuple=True)
-        p_rows = (xs[:, :k][idx] - lse[:, :k][idx].unsqueeze(-1)).exp()  # [M, V]
-        q_rows = draft_probs[idx].float()
-        if kind == "residual_mass":
-            out[idx] = (p_rows - q_rows).clamp_min(0).sum(-1, dtype=torch.float64)
-        else:
-            a = (q_rows - p_rows).clamp_min(0)
-            out[idx] = (a / (1 - p_rows).clamp_min(1e-30)).sum(-1, dtype=torch.float64)
+        out[idx] = _vocab_sums(kind, d, draft_probs, idx)
         return out
 
     probs = _Probs(
         p_y=logp_y[:, :k].exp(),
         q_y=q_at(y_d),
-        p_t1=logp_at(top_t1, draft_cols).exp(),
-        p_t2=logp_at(top_t2, draft_cols).exp(),
+        p_t1=dist_logp(d, t1)[:, :k].exp(),
+        p_t2=dist_logp(d, t2)[:, :k].exp(),
         q_t1=q_at(top_t1),
         q_t2=q_at(top_t2),
         y_is_t1=y_d == top_t1,
@@ -315,19 +296,53 @@ def verify_chain(
 
 
 def _closing_weights(
-    rule: str, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, relax_here: torch.Tensor
+    rule: str,
+    p: torch.Tensor,
+    q: torch.Tensor | None,
+    x: torch.Tensor,
+    closed_early: torch.Tensor,
+    relax_here: torch.Tensor,
 ) -> torch.Tensor:
-    """Unnormalised weights of the closing draw. p, q [B, V] (q = 0 on bonus rows), x [B] the rejected
-    draft, relax_here [B] the rule's margin condition at the closing position (rejected rows only)."""
+    """Unnormalised weights of the closing draw, [B, V].
+
+    p [B, V] target probs at the closing column; q [B, V] the draft's distribution there (None: one-hot on
+    x); x [B] the rejected draft; closed_early [B] False for bonus rows (whose weights are p);
+    relax_here [B] the rule's margin condition at the closing column.
+    """
+    x1 = x.unsqueeze(-1)
+    if q is None:  # one-hot q: max(0, p - q) is p with p(x) zeroed, and so is mars_code's single-entry rule
+        lowered = torch.zeros_like(p[:, :1])
+        keep_p = ~closed_early | (relax_here if rule == "mars_code" else torch.zeros_like(closed_early))
+        return torch.where(keep_p.unsqueeze(-1), p, p.scatter(-1, x1, lowered))
+    q = q * closed_early.unsqueeze(-1)  # bonus rows: q = 0, so every weight below is p
     if rule == "mars_code":
         # below the threshold only the drafted entry is lowered; above it the full p is used
-        lowered = (p.gather(-1, x.unsqueeze(-1)) - q.gather(-1, x.unsqueeze(-1))).clamp_min(0)
-        adjusted = p.scatter(-1, x.unsqueeze(-1), lowered)
-        return torch.where(relax_here.unsqueeze(-1), p, adjusted)
-    residual = (p - q).clamp_min(0)
+        lowered = (p.gather(-1, x1) - q.gather(-1, x1)).clamp_min(0)
+        return torch.where((relax_here & closed_early).unsqueeze(-1), p, p.scatter(-1, x1, lowered))
+    residual = (p - q).clamp_min_(0)
     # p == q exactly leaves no residual mass; rejection then has probability 0, so any choice is exact
     empty = residual.sum(dim=-1, keepdim=True) <= 0
     return torch.where(empty, p, residual)
+
+
+def _vocab_sums(kind: str, d: TargetDist, draft_probs: torch.Tensor, idx: tuple) -> torch.Tensor:
+    """Per-position sums over the vocabulary at the positions ``idx`` -> [M] float64.
+
+    residual_mass: Z = sum_v max(0, p(v) - q(v)); code_rejection_sum: S = sum_v max(0, q - p) / (1 - p).
+    Rows are processed in blocks so the [M, V] temporaries stay small.
+    """
+    n_rows = idx[0].numel()
+    out = []
+    for start in range(0, n_rows, 32):
+        sub = tuple(i[start : start + 32] for i in idx)
+        p = dist_probs(d, sub)
+        q = draft_probs[sub].float()
+        if kind == "residual_mass":
+            out.append((p - q).clamp_min_(0).sum(-1).double())
+        else:
+            a = (q - p).clamp_min_(0)
+            out.append((a / (1 - p).clamp_min_(1e-30)).sum(-1).double())
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64, device=draft_probs.device)
 
 
 def _check_chain_shapes(target_logits, draft_tokens, draft_probs) -> None:

@@ -43,14 +43,15 @@ import torch.nn.functional as F
 from .chain import Rule
 from .dist import (
     check_scalars,
+    dist_logp,
+    dist_probs,
     logit_flags,
     margin_ratio,
     raise_on_flags,
     relaxable,
     sample_from_weights,
-    sampling_logits,
+    target_dist,
     token_range_flag,
-    top2,
 )
 from .types import DEFAULT_THETA, Provenance, TreeVerifyResult
 
@@ -218,23 +219,20 @@ def verify_tree(
     rows = torch.arange(bsz, device=dev)
 
     def at_node(cur: torch.Tensor) -> _Node:
-        zc = z[rows, cur]  # [B, V]
-        t1, t2, z1, z2 = top2(zc)
-        ratio = margin_ratio(z1, z2)
-        relax = ratio > theta if rule_eff == "mars_code" else relaxable(z1, ratio, theta)
+        d = target_dist(z[rows, cur], temperature, top_k, top_p)  # positions [B]
+        ratio = margin_ratio(d.z1, d.z2)
+        relax = ratio > theta if rule_eff == "mars_code" else relaxable(d.z1, ratio, theta)
         sib_node = children[rows, cur]  # [B, C]
         sib_valid = sib_node >= 0
         sib_tok = tree_tokens.gather(1, sib_node.clamp(min=0)).clamp(min=0)
-        if greedy:
-            p_row = None
-            logp_s = torch.where(sib_tok == t1.unsqueeze(1), 0.0, float("-inf")).double()
-        else:
-            xr = sampling_logits(zc, temperature, top_k, top_p)
-            lse = torch.logsumexp(xr, dim=-1, keepdim=True)
-            p_row = (xr - lse).exp()
-            logp_s = (xr.gather(1, sib_tok) - lse).double()
+        logp_s = (
+            torch.stack([dist_logp(d, tok) for tok in sib_tok.unbind(1)], 1)
+            if max_children
+            else (torch.zeros(bsz, 0, dtype=torch.float64, device=dev))
+        )
+        p_row = None if greedy else dist_probs(d, (rows,))
         q_s = q_nodes.gather(1, sib_node.clamp(min=0)) if q_nodes is not None else torch.ones_like(logp_s)
-        return _Node(t1, t2, z1, ratio, relax, p_row, sib_node, sib_valid, sib_tok, logp_s, q_s)
+        return _Node(d.t1, d.t2, d.z1, ratio, relax, p_row, sib_node, sib_valid, sib_tok, logp_s, q_s)
 
     width = max_depth + 1
     tokens = torch.full((bsz, width), -1, dtype=torch.long, device=dev)
