@@ -41,6 +41,7 @@ import torch
 
 from .dist import (
     TargetDist,
+    block_rows,
     check_scalars,
     dist_logp,
     dist_probs,
@@ -332,9 +333,10 @@ def _vocab_sums(kind: str, d: TargetDist, draft_probs: torch.Tensor, idx: tuple)
     Rows are processed in blocks so the [M, V] temporaries stay small.
     """
     n_rows = idx[0].numel()
+    step = block_rows(n_rows, draft_probs.shape[-1], draft_probs.device)
     out = []
-    for start in range(0, n_rows, 32):
-        sub = tuple(i[start : start + 32] for i in idx)
+    for start in range(0, n_rows, step):
+        sub = tuple(i[start : start + step] for i in idx)
         p = dist_probs(d, sub)
         q = draft_probs[sub].float()
         if kind == "residual_mass":

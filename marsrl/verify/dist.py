@@ -6,6 +6,7 @@ Nothing here owns randomness: samplers take uniforms drawn by the caller from it
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -54,9 +55,16 @@ class TargetDist(NamedTuple):
     temperature: float
 
 
-# Rows per block in ``target_dist``: a block of 32 x 152k fp32 logits stays in cache between the top-2
-# and the normaliser passes, which makes the pair cost ~1.2 softmax instead of ~2 on a CPU.
-_CPU_BLOCK_ROWS = 32
+# Elements per block on a CPU: a block of ~4M fp32 logits (e.g. 32 rows of a 152k vocabulary) stays in
+# cache between the top-2 and the normaliser passes: the pair then costs ~1.2 softmax instead of ~2.
+_CPU_BLOCK_ELEMENTS = 1 << 22
+
+
+def block_rows(n_rows: int, vocab: int, device: torch.device) -> int:
+    """Rows per cache block for row-wise passes over [n_rows, vocab] (all rows at once off-CPU)."""
+    if device.type != "cpu":
+        return max(n_rows, 1)
+    return max(1, _CPU_BLOCK_ELEMENTS // max(vocab, 1))
 
 
 def target_dist(
@@ -70,7 +78,7 @@ def target_dist(
     lead = logits.shape[:-1]
     filtered = (top_k is not None and top_k < vocab) or (top_p is not None and top_p < 1.0)
     flat = logits.reshape(-1, vocab)
-    block = _CPU_BLOCK_ROWS if logits.device.type == "cpu" else max(flat.shape[0], 1)
+    block = block_rows(flat.shape[0], vocab, logits.device)
     t1s, t2s, z1s, z2s, sums = [], [], [], [], []
     for start in range(0, flat.shape[0], block):  # cache blocking over rows, not a loop over tokens
         rows = flat[start : start + block]
@@ -136,15 +144,18 @@ def relaxable(z1: torch.Tensor, ratio: torch.Tensor, theta: float) -> torch.Tens
     return (z1 > 0) & (ratio > theta)
 
 
-def sample_from_weights(weights: torch.Tensor, u: torch.Tensor, block: int = 1024) -> torch.Tensor:
+def sample_from_weights(weights: torch.Tensor, u: torch.Tensor, block: int | None = None) -> torch.Tensor:
     """Inverse-CDF draw from unnormalised non-negative weights.
 
     weights [B, V], u [B] float64 in [0, 1) -> [B] int64: the first index whose cumulative weight
     exceeds u * total.  Zero-weight tokens are never drawn.  Two levels (block sums, then one block) so
-    the cost is a single read of ``weights``; cumulative sums run in float64 over at most
-    max(V / block, block) terms, keeping the error near 1e-7 of the total even at V = 152k.
+    the cost is a single read of ``weights``; cumulative sums run in float64 over about sqrt(V) terms
+    (the default block), keeping the error near 1e-7 of the total even at V = 152k.
     """
     bsz, vocab = weights.shape
+    if block is None:
+        block = max(32, math.isqrt(vocab))
+    block = min(block, vocab)
     n_full = vocab // block
     parts = []
     if n_full:
