@@ -117,7 +117,8 @@ def _behavior_mars(pr: _Probs, full_sum: Callable) -> torch.Tensor:
     d1 = pr.relax * (pr.q_t1 - pr.p_t1).clamp_min(0)
     d2 = pr.relax * (pr.q_t2 - pr.p_t2).clamp_min(0)
     big_d = d1 + d2
-    z_mass = full_sum("residual_mass", big_d > 0)
+    # Z only matters where D > 0 and y has residual mass (p(y) > q(y)); relaxed tokens have none
+    z_mass = full_sum("residual_mass", (big_d > 0) & (pr.p_y > pr.q_y))
     res_y = (pr.p_y - pr.q_y).clamp_min(0) / z_mass.clamp_min(1e-300)
     return pr.p_y + pr.y_is_t1 * d1 + pr.y_is_t2 * d2 - torch.where(big_d > 0, big_d * res_y, 0.0)
 

@@ -1,0 +1,98 @@
+"""Config loading shared by every entry point: dataclass defaults are the single source of truth,
+YAML files and ``--set key=value`` only override them, and unknown keys are errors naming the key
+and the file.  Cross-field checks live in each dataclass's ``__post_init__``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+C = TypeVar("C")
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be applied (names the file and key)."""
+
+
+def _coerce(cls, name: str, value: Any, where: str) -> Any:
+    """Check a YAML value against the field's annotation (simple types only), converting int -> float."""
+    hints = typing.get_type_hints(cls)
+    hint = hints[name]
+    origin = typing.get_origin(hint)
+    allowed = typing.get_args(hint) if origin in (typing.Union, types.UnionType) else (hint,)
+    if value is None:
+        if type(None) in allowed:
+            return None
+        raise ConfigError(f"{where}: '{name}' may not be null")
+    for t in allowed:
+        base = typing.get_origin(t) or t
+        if base is typing.Literal:
+            if value in typing.get_args(t):
+                return value
+            continue
+        if base is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if base in (tuple, list) and isinstance(value, (list, tuple)):
+            return base(value)
+        if (
+            isinstance(base, type)
+            and isinstance(value, base)
+            and not (base is int and isinstance(value, bool))
+        ):
+            return value
+    raise ConfigError(f"{where}: '{name}' = {value!r} does not match the expected type {hint}")
+
+
+def build_config(cls: type[C], values: dict[str, Any], where: str = "config") -> C:
+    """Instantiate dataclass ``cls`` from a mapping; unknown keys and wrong types raise ConfigError."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys are {sorted(fields)}")
+    kwargs = {k: _coerce(cls, k, v, where) for k, v in values.items()}
+    try:
+        return cls(**kwargs)
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from err
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``["theta=0.8", "rules=[strict, mars]"]`` -> {"theta": 0.8, "rules": ["strict", "mars"]}.
+
+    Values are parsed as YAML."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} must look like key=value")
+        out[key.strip()] = yaml.safe_load(raw)
+    return out
+
+
+def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] | None = None) -> C:
+    """Defaults of ``cls``, then the YAML file at ``path`` (if any), then ``key=value`` overrides."""
+    values: dict[str, Any] = {}
+    where = "defaults"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML ({err})") from err
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of keys to values at the top level")
+        values.update(loaded)
+        where = str(path)
+    over = parse_overrides(overrides)
+    values.update(over)
+    if over:
+        where += " + overrides"
+    return build_config(cls, values, where)
