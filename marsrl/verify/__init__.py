@@ -6,6 +6,7 @@ target's margin ratio.  No model code, no Ray, no config objects; randomness onl
 
 from .chain import Rule, verify_chain
 from .dist import sampling_logits
+from .sample import sample_plain
 from .tree import verify_tree
 from .types import DEFAULT_THETA, Provenance, TreeVerifyResult, VerifyResult
 
@@ -18,6 +19,7 @@ __all__ = [
     "Rule",
     "TreeVerifyResult",
     "VerifyResult",
+    "sample_plain",
     "sampling_logits",
     "verify_chain",
     "verify_tree",

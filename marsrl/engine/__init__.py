@@ -1,0 +1,8 @@
+"""The speculative rollout engine: batched chain / tree drafting over Hugging Face targets, verified by
+``marsrl.verify`` with a per-token record."""
+
+from .config import EngineConfig, SamplingParams, TreeConfig
+from .engine import SpeculativeEngine, Trajectory
+from .oracle import OracleDrafter
+
+__all__ = ["EngineConfig", "OracleDrafter", "SamplingParams", "SpeculativeEngine", "Trajectory", "TreeConfig"]

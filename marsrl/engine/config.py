@@ -1,0 +1,84 @@
+"""Engine and sampling settings: the one place their defaults live. Invariants fail at construction,
+naming the field to change."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..verify import DEFAULT_THETA, RULES, Rule
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """An EAGLE-2/3 dynamic draft tree (``top_k = 1`` would be a chain of ``depth`` tokens)."""
+
+    top_k: int = 10  # children expanded per frontier node, and frontier width
+    depth: int = 6  # expansion steps: paths hold up to depth + 1 draft tokens
+    total_tokens: int = 60  # tree size including the root (the last committed token)
+
+    def __post_init__(self):
+        if self.top_k < 1:
+            raise ValueError(f"tree.top_k must be >= 1, got {self.top_k}")
+        if self.depth < 0:
+            raise ValueError(f"tree.depth must be >= 0, got {self.depth}")
+        if self.total_tokens < 2:
+            raise ValueError(f"tree.total_tokens must be >= 2 (root + one node), got {self.total_tokens}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the speculative engine drafts and verifies."""
+
+    rule: Rule = "strict"  # "strict" (lossless) | "mars" | "mars_code"; lossy rules must be asked for
+    theta: float = DEFAULT_THETA  # MARS margin threshold on z2/z1
+    num_draft_tokens: int = 7  # K for chain drafting
+    tree: TreeConfig | None = None  # None: chain drafting; else a dynamic tree
+    draft_sampling: Literal["greedy", "sample"] = "greedy"  # EAGLE proposes its argmax; "sample": x ~ q
+    max_batch_size: int = 64  # sequences decoded together; larger requests run in successive batches
+    max_seq_len: int | None = None  # prompt + completion cap; None: the target's max_position_embeddings
+
+    def __post_init__(self):
+        if self.rule not in RULES:
+            raise ValueError(f"rule must be one of {list(RULES)}, got {self.rule!r}")
+        if not self.theta >= 0:
+            raise ValueError(f"theta must be >= 0, got {self.theta}")
+        if self.num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+        if self.draft_sampling not in ("greedy", "sample"):
+            raise ValueError(f"draft_sampling must be 'greedy' or 'sample', got {self.draft_sampling!r}")
+        if self.tree is not None and self.draft_sampling != "greedy":
+            raise ValueError(
+                "tree drafting proposes deterministic top-k children: set draft_sampling='greedy'"
+            )
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_seq_len is not None and self.max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to generate for each prompt."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    max_new_tokens: int = 256
+    eos_token_id: int | tuple[int, ...] | None = None  # None: the target's generation config / config
+    stop_token_ids: tuple[int, ...] = ()  # extra ids that end a completion (kept in it)
+    ignore_eos: bool = False
+    seed: int = 0
+    n: int = 1  # completions per prompt (a GRPO group), returned consecutively per prompt
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be None or >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be None or in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
