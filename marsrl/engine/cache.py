@@ -1,11 +1,12 @@
 """A ragged view over a transformers ``DynamicCache``: every row shares the cache's time axis, but row b
-owns only the slots ``[0, lengths[b])``; the slots after that (prompt padding, rejected drafts) are
-masked out of attention and overwritten by the next commit.
+owns only the slots ``[starts[b], starts[b] + lengths[b])``; every other slot (prompt padding on the left,
+rejected drafts on the right) is masked out of attention and overwritten by the next commit.
 
 Each speculative round appends a block of T entries for every row, then ``commit`` moves the entries
 each row keeps (e.g. the accepted prefix of a chain, or the accepted path of a tree) to the end of that
 row's valid region and crops the shared axis.  Cost per commit: one gather/scatter of T entries per
-layer, no copy of the whole cache.
+layer, no copy of the whole cache, and nothing at all when every row keeps its entries in place (plain
+decoding of left-padded prompts).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from transformers import DynamicCache
 class RaggedCache:
     def __init__(self, batch: int, device: torch.device):
         self.cache = DynamicCache()
+        self.starts = torch.zeros(batch, dtype=torch.long, device=device)  # [B] first valid slot per row
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # [B] valid slots per row
 
     @property
@@ -38,7 +40,7 @@ class RaggedCache:
         t = block_allowed.shape[-1]
         dev = self.lengths.device
         slots = torch.arange(self.width, device=dev)
-        old = slots < self.lengths.unsqueeze(1)  # [B, width]
+        old = (slots >= self.starts.unsqueeze(1)) & (slots < (self.starts + self.lengths).unsqueeze(1))
         if shared_from is not None:
             old = old | (slots >= shared_from)
         new = block_allowed.expand(bsz, t, t) | torch.eye(t, dtype=torch.bool, device=dev)
@@ -50,12 +52,12 @@ class RaggedCache:
         """Keep ``counts[b]`` entries of the block appended at ``block_start``.
 
         keep [B, J] indices into the block (0 = its first entry), in the order to store them; entries
-        ``j >= counts[b]`` are ignored. Moves them to ``[lengths[b], lengths[b] + counts[b])`` and crops.
+        ``j >= counts[b]`` are ignored. Moves them right after the row's valid region and crops.
         """
         bsz, j = keep.shape
-        if j:
-            src = block_start + keep  # [B, J] absolute slots
-            dst = self.lengths.unsqueeze(1) + torch.arange(j, device=keep.device)  # [B, J]
+        src = block_start + keep  # [B, J] absolute slots
+        dst = (self.starts + self.lengths).unsqueeze(1) + torch.arange(j, device=keep.device)  # [B, J]
+        if j and not torch.equal(src, dst):
             for layer in self.cache.layers:
                 for name in ("keys", "values"):
                     t = getattr(layer, name)  # [B, Hkv, width, D]
@@ -63,7 +65,7 @@ class RaggedCache:
                     moved = t.gather(2, src.view(bsz, 1, j, 1).expand(shape))
                     t.scatter_(2, dst.view(bsz, 1, j, 1).expand(shape), moved)
         self.lengths = self.lengths + counts
-        self.crop(int(self.lengths.max()) if bsz else 0)
+        self.crop(int((self.starts + self.lengths).max()) if bsz else 0)
 
     def crop(self, width: int) -> None:
         """Drop slots at and after ``width`` on the shared axis (rows' lengths are unchanged)."""
@@ -75,4 +77,5 @@ class RaggedCache:
         """Keep only ``rows`` (finished sequences stop costing compute)."""
         if self.cache.layers:
             self.cache.batch_select_indices(rows)
+        self.starts = self.starts[rows]
         self.lengths = self.lengths[rows]

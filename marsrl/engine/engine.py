@@ -142,20 +142,21 @@ class SpeculativeEngine:
         bsz = len(rows)
         lens = torch.tensor([len(r.prompt) for r in rows], device=dev)
         width = int(lens.max())
+        pad = width - lens  # prompts are left-padded: every row's last prompt token sits at slot width-1
         ids = torch.zeros(bsz, width, dtype=torch.long, device=dev)
         for b, r in enumerate(rows):
-            ids[b, : len(r.prompt)] = torch.tensor(r.prompt, device=dev)
+            ids[b, width - len(r.prompt) :] = torch.tensor(r.prompt, device=dev)
         tcache = RaggedCache(bsz, dev)
-        keys_ok = torch.arange(width, device=dev) < lens.unsqueeze(1)  # [B, L]
+        slots = torch.arange(width, device=dev)
+        keys_ok = slots >= pad.unsqueeze(1)  # [B, L]
         causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
         mask = tcache.attention_mask(causal.unsqueeze(0) & keys_ok.unsqueeze(1), self._dtype)
-        pos = torch.arange(width, device=dev).expand(bsz, width)
+        pos = (slots - pad.unsqueeze(1)).clamp(min=0)
         hidden, feats = self._target_hidden(ids, pos, mask, tcache)
         totals["target_forwards"] += 1
-        tcache.lengths = lens.clone()
-        last_hidden = hidden[torch.arange(bsz, device=dev), lens - 1]  # [B, H]
+        tcache.starts, tcache.lengths = pad, lens.clone()
         first = sample_plain(
-            self._lm_head(last_hidden),
+            self._lm_head(hidden[:, -1]),
             temperature=sampling.temperature,
             top_k=sampling.top_k,
             top_p=sampling.top_p,
@@ -163,10 +164,12 @@ class SpeculativeEngine:
         )
         last = first.tokens[:, 0]
         if self._eagle is not None:
-            # drafter input pairs (feature at t, token t+1): the prompt shifted by one, then the first token
-            pair_tokens = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)
-            pair_tokens[torch.arange(bsz, device=dev), lens - 1] = last
-            self._eagle.start(bsz, dev, feats, pair_tokens, lens)
+            # drafter input pairs (feature at t, token t+1): the prompt shifted by one, then the first
+            # token; left-aligned per row (pair i of row b comes from slot pad[b] + i)
+            src = (pad.unsqueeze(1) + slots).clamp(max=width - 1)  # [B, L]
+            pair_feats = feats.gather(1, src.unsqueeze(-1).expand(-1, -1, feats.shape[-1]))
+            pair_tokens = torch.cat([ids, last.unsqueeze(1)], 1).gather(1, (src + 1).clamp(max=width))
+            self._eagle.start(bsz, dev, pair_feats, pair_tokens, lens)
         active = self._record(rows, first, sampling, eos, totals, drafted=None)
 
         while active:
