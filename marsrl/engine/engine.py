@@ -96,7 +96,8 @@ class SpeculativeEngine:
                     f"drafter vocabulary ({drafter.config.vocab_size}) does not match the target's "
                     f"({target.config.vocab_size})"
                 )
-            self._eagle = _EagleState(drafter, FeatureTap(target, drafter.config.aux_layer_ids))
+            FeatureTap(target, drafter.config.aux_layer_ids).remove()  # fails now if the taps do not fit
+            self._eagle = _EagleState(drafter)
         if self.config.tree is not None and drafter is not None and self._eagle is None:
             raise ValueError("tree drafting needs an Eagle3Drafter (a propose() drafter only drafts chains)")
         window = getattr(target.config, "sliding_window", None)
@@ -254,18 +255,19 @@ class SpeculativeEngine:
 
     def _target_hidden(self, ids, pos, mask, tcache: RaggedCache):
         """Final hidden states [B, T, H] of the target (and the drafter's features when tapped)."""
-        base = self.target.model
+        from ..drafter import FeatureTap
+
+        def forward():
+            return self.target.model(
+                input_ids=ids, position_ids=pos, attention_mask=mask, cache=tcache.cache, use_cache=True
+            ).last_hidden_state
+
         if self._eagle is None:
-            out = base(
-                input_ids=ids, position_ids=pos, attention_mask=mask, cache=tcache.cache, use_cache=True
-            )
-            return out.last_hidden_state, None
-        with self._eagle.tap:
-            out = base(
-                input_ids=ids, position_ids=pos, attention_mask=mask, cache=tcache.cache, use_cache=True
-            )
-            feats = self._eagle.tap.features()
-        return out.last_hidden_state, feats
+            return forward(), None
+        # hooks live only for this forward, so the target carries none while a trainer uses it
+        with FeatureTap(self.target, self.drafter.config.aux_layer_ids) as tap:
+            hidden = forward()
+            return hidden, tap.features()
 
     def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.target.lm_head(hidden).float()
@@ -369,9 +371,8 @@ class _EagleState:
     """The EAGLE-3 drafter's side of the engine: its ragged KV cache and the committed input pairs
     (target feature at position t, token t+1) it has not processed yet."""
 
-    def __init__(self, drafter, tap):
+    def __init__(self, drafter):
         self.drafter = drafter
-        self.tap = tap
         self.cache: RaggedCache | None = None
         self.feats = self.tokens = self.counts = None
 
