@@ -47,6 +47,7 @@ class Trajectory:
     rule: str
     theta: float
     stats: dict = field(default_factory=dict)  # rounds, drafted, accepted, relaxed for this sequence
+    policy_version: int | None = None  # weights version that produced it (set by rollout workers)
 
 
 class _Row:
