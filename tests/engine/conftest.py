@@ -27,3 +27,9 @@ def tiny_target(family: str = "qwen3", vocab: int = 64, layers: int = 6, seed: i
 @pytest.fixture(scope="module", params=["qwen3", "llama"])
 def target(request):
     return tiny_target(request.param)
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A V = 8 target for exact-distribution tests."""
+    return tiny_target("qwen3", vocab=8, layers=4, seed=1)

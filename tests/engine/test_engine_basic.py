@@ -1,28 +1,13 @@
 """Engine paths that need no trained drafter: plain sampling and the oracle drafter."""
 
+import re
+
 import torch
 
 from marsrl.engine import EngineConfig, OracleDrafter, SamplingParams, SpeculativeEngine
 from marsrl.verify import Provenance
 from marsrl.verify.reference import reference_behavior_distribution_chain
-
-PROMPTS = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [16]]
-
-
-def hf_greedy(target, prompts, n):
-    out = []
-    for p in prompts:
-        ids = torch.tensor([p])
-        g = target.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=n,
-            min_new_tokens=n,
-            pad_token_id=0,
-        )
-        out.append(g[0, len(p) :].tolist())
-    return out
+from tests.engine.helpers import PROMPTS, hf_greedy
 
 
 def test_plain_and_oracle_greedy_equal_hf_generate(target):
@@ -135,3 +120,30 @@ def test_eos_stop_and_length_per_sequence(target):
             )
     short = SpeculativeEngine(target).generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=3))
     assert all(len(t.completion_ids) == 3 and t.finish_reason == "length" for t in short)
+
+
+def test_bad_requests_fail_fast(target):
+    import pytest
+
+    eng = SpeculativeEngine(target, config=EngineConfig(max_seq_len=32))
+    sp = SamplingParams(max_new_tokens=4)
+    for bad, needle in [
+        ([[]], "prompt_ids[0] is empty"),
+        ([[1, 2], [64]], "outside [0, 64)"),
+        ([[-1]], "outside"),
+        ([list(range(40))], "context is 32"),
+        ([], "non-empty"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(needle)):
+            eng.generate(bad, sp)
+    for kwargs, field in [
+        ({"n": 0}, "n"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": -1}, "temperature"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            SamplingParams(**kwargs)
+    with pytest.raises(ValueError, match="rule"):
+        EngineConfig(rule="lenient")
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        EngineConfig(num_draft_tokens=0)

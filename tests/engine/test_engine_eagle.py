@@ -5,8 +5,7 @@ import pytest
 
 from marsrl.drafter import Eagle3Drafter
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, TreeConfig
-from tests.engine.test_engine_basic import PROMPTS, hf_greedy
-from tests.engine.test_engine_distribution import PROMPT, exact_joint, sample_index, small  # noqa: F401
+from tests.engine.helpers import PROMPTS, exact_joint, hf_greedy, sample_index
 from tests.stats import assert_distribution
 
 CONFIGS = {
@@ -27,7 +26,7 @@ def test_strict_greedy_equals_hf_generate(target, name):
 
 
 @pytest.mark.parametrize("name", ["chain_k5", "tree_4x5", "chain_k3_sampled_drafts"])
-def test_strict_sampling_matches_exact_joint(small, name):  # noqa: F811
+def test_strict_sampling_matches_exact_joint(small, name):
     """N = 60k completions of 3 tokens (seed 21) against the enumerated joint over V**3 = 512 sequences."""
     cfg = CONFIGS.get(name) or EngineConfig(num_draft_tokens=3, draft_sampling="sample")
     cfg = EngineConfig(**{**cfg.__dict__, "max_batch_size": 60_000})
