@@ -238,8 +238,15 @@ class SpeculativeEngine:
         mask = tcache.attention_mask(tree.ancestors, self._dtype)  # [B, N+1, N+1] incl. root
         start = tcache.width
         hidden, feats = self._target_hidden(block, pos, mask, tcache)
+        # node probabilities matter only to mars_code (strict/mars treat top-k proposals as q = 1)
         res = verify_tree(
-            self._lm_head(hidden), tree.tokens, tree.parents, rule=self.config.rule, theta=cfg.theta, **kw
+            self._lm_head(hidden),
+            tree.tokens,
+            tree.parents,
+            tree.node_probs,
+            rule=cfg.rule,
+            theta=cfg.theta,
+            **kw,
         )
         # keep the root and the accepted nodes, in path order (block index = node + 1)
         path = torch.cat([torch.zeros(bsz, 1, dtype=torch.long, device=dev), res.path_nodes + 1], 1)

@@ -27,6 +27,7 @@ class DraftTree:
     parents: torch.Tensor  # [B, N] index of the parent node, -1 for a child of the root
     depth: torch.Tensor  # [B, N] 1 for the root's children
     ancestors: torch.Tensor  # [B, N+1, N+1] bool, index 0 = root: entry (i, j) = j is i or an ancestor of i
+    node_probs: torch.Tensor  # [B, N] the draft's probability of each node given its parent (mars_code)
     draft_forwards: int
 
 
@@ -45,6 +46,7 @@ def draft_tree(eagle, cfg: TreeConfig, dtype: torch.dtype) -> DraftTree:
     # candidate pool, in generation order
     cand_tok = [top.indices]  # draft-vocab ids, [B, k] per depth
     cand_score = [top.values]
+    cand_logp = [top.values]  # each node's own log-prob given its parent
     cand_parent = [torch.full((bsz, k), -1, dtype=torch.long, device=dev)]
     cand_depth = [torch.ones(bsz, k, dtype=torch.long, device=dev)]
     n_cand = k
@@ -76,6 +78,7 @@ def draft_tree(eagle, cfg: TreeConfig, dtype: torch.dtype) -> DraftTree:
         scores = (parent_score.unsqueeze(-1) + child.values).view(bsz, k * k)
         cand_tok.append(child.indices.view(bsz, k * k))
         cand_score.append(scores)
+        cand_logp.append(child.values.reshape(bsz, k * k))
         cand_parent.append(frontier.unsqueeze(-1).expand(bsz, k, k).reshape(bsz, k * k))
         cand_depth.append(torch.full((bsz, k * k), d + 1, dtype=torch.long, device=dev))
         best = scores.topk(k, -1).indices  # [B, k] among this depth's candidates
@@ -105,6 +108,7 @@ def draft_tree(eagle, cfg: TreeConfig, dtype: torch.dtype) -> DraftTree:
         orphan = orphan | ((parents >= 0) & orphan.gather(1, parents.clamp(min=0)))
     tokens = torch.where(orphan, -1, tokens)
     depth = depth_all.gather(1, chosen)
+    node_probs = torch.cat(cand_logp, 1).gather(1, chosen).exp()
 
     ancestors = torch.zeros(bsz, n + 1, n + 1, dtype=torch.bool, device=dev)
     ancestors[:, 0, 0] = True
@@ -112,4 +116,4 @@ def draft_tree(eagle, cfg: TreeConfig, dtype: torch.dtype) -> DraftTree:
         par = parents[:, i] + 1  # 0 = root
         ancestors[:, i + 1] = ancestors[rows, par]
         ancestors[:, i + 1, i + 1] = True
-    return DraftTree(tokens, parents, depth, ancestors, forwards)
+    return DraftTree(tokens, parents, depth, ancestors, node_probs, forwards)
