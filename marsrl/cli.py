@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--json", help="also write the full report to this JSON file")
     demo.set_defaults(func=_demo)
+
+    from .drafter.cli import add_draft_parser
+    from .tinyworld.cli import add_tinyworld_parser
+
+    add_draft_parser(sub)
+    add_tinyworld_parser(sub)
     return parser
 
 
