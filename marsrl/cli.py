@@ -32,6 +32,20 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollouts(args: argparse.Namespace) -> int:
+    from .compare import CompareConfig, format_report, run_compare
+
+    cfg = load_config(CompareConfig, args.config, args.set)
+    report = run_compare(cfg, progress=not args.no_progress)
+    print(
+        f"marsrl rollouts: tiny world '{cfg.preset}', {cfg.num_prompts} prompts x G={cfg.group_size}, "
+        f"K={cfg.num_draft_tokens}, T={cfg.temperature}, theta={cfg.theta}, seed {cfg.seed}\n"
+    )
+    print(format_report(report))
+    print(f"\nevery trajectory with its per-token record: {report['out']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="marsrl",
@@ -54,6 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--json", help="also write the full report to this JSON file")
     demo.set_defaults(func=_demo)
+
+    rollouts = sub.add_parser(
+        "rollouts",
+        help="strict vs MARS GRPO rollouts on the tiny world through the Ray pool",
+        description="Build (or reuse) the tiny world, roll out the same prompts and seed under each rule "
+        "through the Ray rollout pool, print a side-by-side table (tau, tokens/s, relaxed fraction, "
+        "top-1/top-2 bias against exact sampling, importance ratios, mean reward) and write every "
+        "trajectory with its per-token record to JSONL.",
+    )
+    rollouts.add_argument("--config", help="YAML overriding CompareConfig (see configs/rollouts*.yaml)")
+    rollouts.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one field")
+    rollouts.add_argument("--no-progress", action="store_true", help="no progress bars")
+    rollouts.set_defaults(func=_rollouts)
 
     from .drafter.cli import add_draft_parser
     from .tinyworld.cli import add_tinyworld_parser

@@ -5,12 +5,13 @@ from pathlib import Path
 
 import pytest
 
+from marsrl.compare import CompareConfig
 from marsrl.config import ConfigError, load_config
 from marsrl.demo import DemoConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 # filename prefix -> the dataclass its YAML overrides; a new kind of config must be registered here
-KINDS = {"demo": DemoConfig}
+KINDS = {"demo": DemoConfig, "rollouts": CompareConfig}
 FILES = sorted(CONFIG_DIR.glob("*.yaml"))
 
 

@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3Config
 
 from .. import __version__
-from ..data import SYSTEM_PROMPT, generate_problems, score
+from ..data import Difficulty, generate_problems, score
 from .sft import SFTConfig, sft_train
 from .tokenizer import chat_prompt_ids, train_tokenizer
 
@@ -41,8 +41,8 @@ class TinyWorldConfig:
 
     name: str
     n_train: int  # SFT problems
-    train_difficulties: tuple[str, ...]  # mixed in equal parts
-    eval_difficulty: str  # the held-out (harder) problems
+    train_difficulty: Difficulty  # the SFT problems
+    eval_difficulty: Difficulty  # the held-out problems: harder (more steps) than most training ones
     n_eval: int  # held-out problems measured at build time (bench/tinyworld.py measures more)
     vocab_size: int
     hidden_size: int
@@ -58,7 +58,6 @@ class TinyWorldConfig:
     draft_lr: float
     max_new_tokens: int = 160
     seed: int = 0
-    extra: dict = field(default_factory=dict)
 
     def fingerprint(self) -> str:
         blob = json.dumps(
@@ -67,12 +66,17 @@ class TinyWorldConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+# Training covers 1-2 step problems with numbers up to 20; the held-out set always has 2 steps.
+EASY = Difficulty.preset("easy")
+TWO_STEP = replace(EASY, min_steps=2, max_steps=2)
+
+
 PRESETS: dict[str, TinyWorldConfig] = {
     "micro": TinyWorldConfig(
         name="micro",
         n_train=400,
-        train_difficulties=("easy",),
-        eval_difficulty="easy",
+        train_difficulty=EASY,
+        eval_difficulty=TWO_STEP,
         n_eval=16,
         vocab_size=320,
         hidden_size=48,
@@ -90,22 +94,23 @@ PRESETS: dict[str, TinyWorldConfig] = {
     ),
     "default": TinyWorldConfig(
         name="default",
-        n_train=6000,
-        train_difficulties=("easy", "default"),
-        eval_difficulty="default",
+        n_train=4000,
+        train_difficulty=EASY,
+        eval_difficulty=TWO_STEP,
         n_eval=100,
-        vocab_size=512,
-        hidden_size=192,
+        vocab_size=384,
+        hidden_size=128,
         num_layers=8,
-        num_heads=6,
+        num_heads=4,
         num_kv_heads=2,
-        intermediate_size=512,
-        sft=SFTConfig(steps=700, batch_size=32, lr=2e-3, warmup=40),
-        n_draft_prompts=400,
-        draft_vocab_size=384,
+        intermediate_size=384,
+        sft=SFTConfig(steps=400, batch_size=16, lr=3e-3, warmup=30),
+        n_draft_prompts=256,
+        draft_vocab_size=320,
         draft_epochs=3,
-        draft_batch_size=32,
+        draft_batch_size=16,
         draft_lr=1e-3,
+        max_new_tokens=128,
     ),
 }
 
@@ -120,12 +125,14 @@ def world_dir(cfg: TinyWorldConfig) -> Path:
 
 
 def _problems(cfg: TinyWorldConfig):
-    per = cfg.n_train // len(cfg.train_difficulties)
-    train = []
-    for i, diff in enumerate(cfg.train_difficulties):
-        train += generate_problems(per, cfg.seed * 1000 + i, diff)
+    train = generate_problems(cfg.n_train, cfg.seed * 1000, cfg.train_difficulty)
     heldout = generate_problems(cfg.n_eval, cfg.seed * 1000 + 999, cfg.eval_difficulty)
     return train, heldout
+
+
+def heldout_problems(cfg: TinyWorldConfig, n: int) -> list[dict]:
+    """n held-out problems of the world's eval difficulty (never seen in training: another seed)."""
+    return generate_problems(n, cfg.seed * 1000 + 999, cfg.eval_difficulty)
 
 
 def _target_config(cfg: TinyWorldConfig, tokenizer) -> Qwen3Config:
@@ -164,7 +171,7 @@ def build_tinyworld(
     if isinstance(preset, str) and preset not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
     if seed is not None:
-        cfg = TinyWorldConfig(**{**asdict(cfg), "sft": cfg.sft, "seed": seed})
+        cfg = replace(cfg, seed=seed)
     final = Path(out) if out is not None else world_dir(cfg)
     meta_file = final / "metadata.json"
     if meta_file.is_file() and not force:
@@ -194,7 +201,7 @@ def _build(cfg: TinyWorldConfig, final: Path, progress: bool) -> Path:
 
     t0 = time.perf_counter()
     train, heldout = _problems(cfg)
-    corpus = [SYSTEM_PROMPT] + [p["question"] for p in train] + [p["answer"] for p in train]
+    corpus = [p["question"] for p in train] + [p["answer"] for p in train]
     tokenizer = train_tokenizer(corpus, cfg.vocab_size)
     timings["task_and_tokenizer_s"] = time.perf_counter() - t0
     steps.update()
@@ -203,8 +210,7 @@ def _build(cfg: TinyWorldConfig, final: Path, progress: bool) -> Path:
     target = AutoModelForCausalLM.from_config(_target_config(cfg, tokenizer))
     eos = tokenizer.eos_token_id
     examples = [
-        (chat_prompt_ids(tokenizer, p["question"], SYSTEM_PROMPT), [*tokenizer(p["answer"]).input_ids, eos])
-        for p in train
+        (chat_prompt_ids(tokenizer, p["question"]), [*tokenizer(p["answer"]).input_ids, eos]) for p in train
     ]
     sft_metrics = sft_train(target, examples, tokenizer.pad_token_id, cfg.sft, progress=progress)
     target.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
@@ -215,7 +221,7 @@ def _build(cfg: TinyWorldConfig, final: Path, progress: bool) -> Path:
 
     # the head learns from the target's own responses (sampled at T = 1, as RL rollouts are)
     t0 = time.perf_counter()
-    prompts = [chat_prompt_ids(tokenizer, p["question"], SYSTEM_PROMPT) for p in train[: cfg.n_draft_prompts]]
+    prompts = [chat_prompt_ids(tokenizer, p["question"]) for p in train[: cfg.n_draft_prompts]]
     plain = SpeculativeEngine(target, config=EngineConfig(max_batch_size=64))
     sp = SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, eos_token_id=eos)
     responses = plain.generate(prompts, sp)
@@ -242,7 +248,7 @@ def _build(cfg: TinyWorldConfig, final: Path, progress: bool) -> Path:
 
     # measure the held-out accuracy and the acceptance this world gives, strict and mars
     t0 = time.perf_counter()
-    eval_prompts = [chat_prompt_ids(tokenizer, p["question"], SYSTEM_PROMPT) for p in heldout]
+    eval_prompts = [chat_prompt_ids(tokenizer, p["question"]) for p in heldout]
     measured = {}
     for rule in ("strict", "mars"):
         eng = SpeculativeEngine(target, head, EngineConfig(rule=rule, num_draft_tokens=7, max_batch_size=64))

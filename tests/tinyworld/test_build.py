@@ -1,0 +1,65 @@
+"""The micro tiny world builds in tests, loads through the public loaders, and is cached."""
+
+import json
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from marsrl.drafter import Eagle3Drafter
+from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
+from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld, world_dir
+from marsrl.tinyworld.tokenizer import chat_prompt_ids
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MARSRL_CACHE", str(cache))
+    yield build_tinyworld("micro", progress=False)
+    mp.undo()
+
+
+def test_micro_builds_and_loads(micro):
+    path = micro
+    assert path == world_dir(PRESETS["micro"])
+    meta = json.loads((path / "metadata.json").read_text())
+    assert meta["fingerprint"] == PRESETS["micro"].fingerprint()
+    assert set(meta["measured_at_build"]) == {"strict", "mars"}
+    assert meta["sft"]["loss_last10pct"] < meta["sft"]["loss_first"]
+    # the public loaders read it back
+    target = AutoModelForCausalLM.from_pretrained(path / "target")
+    tok = AutoTokenizer.from_pretrained(path / "target")
+    head = Eagle3Drafter.from_pretrained(path / "draft", target=target)
+    assert head.config.vocab_size == target.config.vocab_size == len(tok)
+    assert len(set(head.config.aux_layer_ids)) == 3
+    assert tok.eos_token == "<|im_end|>" and "<|im_start|>assistant" in tok.decode(chat_prompt_ids(tok, "hi"))
+    t2, tok2, h2, meta2 = load_tinyworld(path)
+    assert meta2 == meta
+    eng = SpeculativeEngine(t2, h2, EngineConfig(rule="mars", num_draft_tokens=4))
+    out = eng.generate(
+        [chat_prompt_ids(tok2, "Tom has 3 apples. How many apples?")], SamplingParams(max_new_tokens=8)
+    )
+    assert len(out[0].completion_ids) >= 1
+
+
+def test_cached_build_is_reused(micro):
+    path = micro
+    start = time.perf_counter()
+    assert build_tinyworld("micro", progress=False) == path
+    assert time.perf_counter() - start < 5
+
+
+def test_rebuild_is_deterministic(micro, tmp_path):
+    """Same preset and seed -> the same target weights (built again into another folder)."""
+    path = micro
+    again = build_tinyworld("micro", tmp_path / "again", progress=False)
+    ta = AutoModelForCausalLM.from_pretrained(path / "target")
+    tb = AutoModelForCausalLM.from_pretrained(again / "target")
+    a, b = ta.state_dict(), tb.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ha = Eagle3Drafter.from_pretrained(path / "draft", target=ta).state_dict()
+    hb = Eagle3Drafter.from_pretrained(again / "draft", target=tb).state_dict()
+    assert all(torch.equal(ha[k], hb[k]) for k in ha)
