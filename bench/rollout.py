@@ -1,0 +1,155 @@
+"""Rollout pool costs side by side in one run: the engine called in-process, the pool with 1 actor on
+the same single request (the Ray hop: ratio = pool / in-process), the pool with 2 actors (the batch
+split in two), one weight update of the target through the object store, and a probe of how far two
+single-thread processes overlap on this machine (``cpu_probe.parallel_speedup``: read speedup_2_actors
+against it).
+
+    python bench/rollout.py            # Qwen3-architecture target of ~6.6M params, random weights
+    python bench/rollout.py --prompts 16 --new-tokens 32 --repeats 3
+
+Every configuration runs with one torch thread per worker (in-process too) so the comparison is fair on
+a small machine; actors ask Ray for ``--cpus-per-actor`` CPUs each. Starts a local Ray cluster unless one
+is already running in this process. Prints one JSON object; read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen3Config
+
+from marsrl.engine import SamplingParams
+from marsrl.rollout import PoolConfig, RolloutPool, RolloutWorker, WorkerConfig, plan_requests
+
+
+def build_target(seed: int, layers: int, hidden: int, vocab: int):
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=2048,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+    return model
+
+
+def timed(fn, repeats: int) -> tuple[float, object]:
+    """Median wall seconds over ``repeats`` calls after one warm-up call, and the last result."""
+    out = fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def parallel_probe(cpus: float) -> dict:
+    """The same single-thread matmul loop as 1 Ray task, then as 2 concurrent ones: how much two actors
+    can overlap on this machine (2.0 = two real cores, 1.0 = they share one)."""
+    import ray
+
+    def matmul_loop(steps: int = 300) -> float:  # nested: Ray ships it by value, whatever imports bench
+        torch.set_num_threads(1)
+        a = torch.randn(384, 384)
+        start = time.perf_counter()
+        for _ in range(steps):
+            a @ a
+        return time.perf_counter() - start
+
+    work = ray.remote(num_cpus=cpus)(matmul_loop)
+    ray.get([work.remote(), work.remote()])  # start and warm two workers
+    start = time.perf_counter()
+    ray.get(work.remote())
+    one = time.perf_counter() - start
+    start = time.perf_counter()
+    ray.get([work.remote(), work.remote()])
+    two = time.perf_counter() - start
+    return {"one_task_s": one, "two_tasks_s": two, "parallel_speedup": 2 * one / two}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--n", type=int, default=4)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cpus-per-actor", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True, help="run cpu_probe")
+    args = p.parse_args(argv)
+
+    import ray
+
+    if not ray.is_initialized():
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(include_dashboard=False, logging_level="WARNING")
+    target = build_target(args.seed, args.layers, args.hidden, args.vocab)
+    params = sum(t.numel() for t in target.parameters())
+    g = torch.Generator().manual_seed(args.seed)
+    prompts = torch.randint(0, args.vocab, (args.prompts, args.prompt_len), generator=g).tolist()
+    sampling = SamplingParams(max_new_tokens=args.new_tokens, n=args.n, seed=args.seed, ignore_eos=True)
+    tokens = args.prompts * args.n * args.new_tokens
+    worker_cfg = WorkerConfig(torch_threads=1)
+
+    threads = torch.get_num_threads()
+    worker = RolloutWorker(worker_cfg, target=target)
+    request = plan_requests(prompts, sampling, num_requests=1)
+    t_local, local = timed(lambda: worker.generate(request), args.repeats)
+    torch.set_num_threads(threads)
+
+    out: dict = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+        },
+        "target_params": params,
+        "batch": {"prompts": args.prompts, "n": args.n, "new_tokens": args.new_tokens, "tokens": tokens},
+        "in_process": {"seconds": t_local, "tokens_per_s": tokens / t_local},
+    }
+    for actors in (1, 2):
+        cfg = PoolConfig(worker=worker_cfg, num_actors=actors, num_cpus_per_actor=args.cpus_per_actor)
+        with RolloutPool(cfg, target=target) as pool:
+            seconds, trajs = timed(lambda pool=pool: pool.generate(prompts, sampling), args.repeats)
+            out[f"pool_{actors}"] = {"seconds": seconds, "tokens_per_s": tokens / seconds}
+            if actors == 1:
+                same = [t.completion_ids for t in trajs] == [t.completion_ids for t in local]
+                out["pool_1"]["equals_in_process"] = same
+                update_s, sync = timed(lambda pool=pool: pool.update_weights(target), args.repeats)
+                out["weight_update"] = {
+                    "mb": sum(t.numel() * t.element_size() for t in target.state_dict().values()) / 2**20,
+                    "seconds": update_s,
+                    "put_seconds": sync["put_seconds"],
+                }
+    if args.probe:
+        out["cpu_probe"] = parallel_probe(args.cpus_per_actor)
+    out["ray_hop_ratio"] = out["pool_1"]["seconds"] / t_local
+    out["speedup_2_actors"] = out["pool_1"]["seconds"] / out["pool_2"]["seconds"]
+    print(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()

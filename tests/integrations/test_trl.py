@@ -1,0 +1,175 @@
+"""TRL's GRPOTrainer trained for 2 steps on CPU with marsrl's rollout_func (2 Ray actors), and the
+rollout function's contract checked in detail against a recording fake pool (no Ray)."""
+
+import dataclasses
+
+import pytest
+import torch
+from datasets import Dataset
+
+from marsrl.engine import SamplingParams, Trajectory
+from marsrl.integrations.trl import group_runs, make_rollout_func
+from tests.rollout.helpers import save_tiny_world, sentences, tiny_tokenizer
+
+
+class FakePool:
+    """Records generate calls and answers with trajectories whose completion encodes (prompt, k)."""
+
+    def __init__(self):
+        self.calls = []
+        self.updates = []
+        self.last_batch = {"tokens": 0}
+
+    def generate(self, prompt_ids, sampling):
+        self.calls.append(([list(p) for p in prompt_ids], sampling))
+        out = []
+        for i, p in enumerate(prompt_ids):
+            for k in range(sampling.n):
+                n = 2 + k
+                out.append(
+                    Trajectory(
+                        prompt_ids=list(p),
+                        completion_ids=[i, k] + [0] * (n - 2),
+                        provenance=[1] * n,
+                        target_logprobs=[-1.0] * n,
+                        behavior_logprobs=[-0.5] * n,
+                        logit_ratio=[0.1] * n,
+                        is_top2=[False] * n,
+                        draft_position=list(range(n)),
+                        finish_reason="length",
+                        rule="mars",
+                        theta=0.9,
+                        policy_version=3,
+                    )
+                )
+        return out
+
+    def update_weights(self, policy, draft=None, version=None):
+        self.updates.append(version)
+
+
+def test_group_runs_cut_at_group_size_and_at_changes():
+    assert group_runs(["a", "a", "b", "b"], 2) == [(0, 2), (2, 2)]
+    assert group_runs(["a", "a", "a", "a"], 2) == [(0, 2), (2, 2)]  # equal neighbouring prompts
+    assert group_runs(["a", "b", "b", "c"], 2) == [(0, 1), (1, 2), (3, 1)]  # a slice cut mid-group
+    assert group_runs(["a", "a", "a"], None) == [(0, 3)]
+
+
+def test_rollout_func_contract_with_strings_and_messages():
+    tok = tiny_tokenizer()
+    pool = FakePool()
+    sampling = SamplingParams(max_new_tokens=5, seed=4)
+    fn = make_rollout_func(pool, tok, sampling, sync_weights=False)
+    prompts = ["the cat", "the cat", "a dog sat", "a dog sat"]
+    out = fn(prompts, None)
+    # one pool call, one group of 2 per distinct prompt, eos from the tokenizer, a fresh seed per call
+    ((ids, sp),) = pool.calls
+    assert ids == tok(text=["the cat", "a dog sat"])["input_ids"]
+    assert sp.n == 2 and sp.eos_token_id == tok.eos_token_id and sp.max_new_tokens == 5
+    assert out["prompt_ids"] == [ids[0], ids[0], ids[1], ids[1]]
+    assert out["completion_ids"] == [[0, 0], [0, 1, 0], [1, 0], [1, 1, 0]]
+    assert out["logprobs"][1] == [-0.5] * 3  # the behaviour log-probs
+    assert out["target_logprobs"][1] == [-1.0] * 3
+    for key in ("provenance", "logit_ratio", "is_top2"):
+        assert [len(v) for v in out[key]] == [2, 3, 2, 3]
+    assert out["policy_version"] == [3] * 4 and out["rollout_stats"] == {"tokens": 0}
+    fn(prompts, None)
+    assert pool.calls[1][1].seed != pool.calls[0][1].seed
+
+    messages = [[{"role": "user", "content": "red mat"}]] * 2 + [[{"role": "user", "content": "big dog"}]]
+    pool.calls.clear()
+    out = fn(messages, None)
+    rendered = tok.apply_chat_template(
+        messages[0], add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    # a run of 2 and a run of 1 (a slice edge): one call per group size, entries back in input order
+    assert [(len(c[0]), c[1].n) for c in pool.calls] == [(1, 2), (1, 1)]
+    assert out["prompt_ids"][0] == out["prompt_ids"][1] == list(rendered["input_ids"])
+    assert tok.decode(out["prompt_ids"][2]).endswith("<|assistant|>")
+    assert out["completion_ids"] == [[0, 0], [0, 1, 0], [0, 0]]
+
+
+def test_sampling_defaults_come_from_the_trainer():
+    tok = tiny_tokenizer()
+    pool = FakePool()
+
+    class Args:
+        temperature, top_k, top_p, max_completion_length, seed = 0.7, 0, 1.0, 6, 9
+        min_p, repetition_penalty = None, 1.0
+
+    class Trainer:
+        args = Args()
+        num_generations = 2
+        model = torch.nn.Linear(1, 1)
+
+    fn = make_rollout_func(pool, tok, sync_weights=False)
+    fn(["the cat", "the cat"], Trainer())
+    sp = pool.calls[0][1]
+    assert (sp.temperature, sp.top_k, sp.top_p, sp.max_new_tokens, sp.n) == (0.7, None, None, 6, 2)
+    Args.repetition_penalty = 1.1
+    with pytest.raises(ValueError, match="repetition_penalty are not supported"):
+        make_rollout_func(pool, tok, sync_weights=False)(["x"], Trainer())
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_grpo_trainer_trains_two_steps_with_the_pool(tmp_path):
+    from trl import GRPOConfig, GRPOTrainer
+
+    from marsrl.rollout import PoolConfig, RolloutPool, WorkerConfig
+
+    folder = save_tiny_world(tmp_path / "policy")
+    tokenizer = tiny_tokenizer()
+    pool = RolloutPool(
+        PoolConfig(worker=WorkerConfig(target=folder, torch_threads=1), num_actors=2, num_cpus_per_actor=0.5)
+    )
+    seen = []
+
+    def reward(completions, **kwargs):
+        seen.append(
+            {k: kwargs[k] for k in ("policy_version", "provenance", "target_logprobs", "rollout_stats")}
+        )
+        return [float(len(c[0]["content"].split())) for c in completions]  # varies: gradients are non-zero
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+        max_steps=2,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+    )
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": s}] for s in sentences(16, seed=1)]})
+    trainer = GRPOTrainer(
+        model=folder,
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_func=make_rollout_func(pool, tokenizer),
+    )
+    start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    try:
+        trainer.train()
+        assert trainer.state.global_step == 2
+        assert [s["policy_version"] for s in seen] == [[0] * 4, [1] * 4]  # synced before each step
+        assert pool.version == 1
+        assert all(
+            len(p) == len(t) for s in seen for p, t in zip(s["provenance"], s["target_logprobs"], strict=True)
+        )
+        assert seen[0]["rollout_stats"][0]["trajectories"] == 4
+        changed = [k for k, v in trainer.model.state_dict().items() if not torch.equal(v, start[k])]
+        assert changed, "two GRPO steps changed no weight"
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+        # the pool now generates from the synced (step-1) policy, as TRL's own model would
+        pool.update_weights(trainer.model, version=2)
+        trajs = pool.generate([[3, 4, 5]], dataclasses.replace(SamplingParams(max_new_tokens=4), n=2))
+        assert {t.policy_version for t in trajs} == {2}
+    finally:
+        pool.shutdown()

@@ -1,0 +1,29 @@
+"""bench/rollout.py runs on the session's Ray cluster at tiny sizes and reports every figure it
+documents (timings are not asserted, only that they exist and the 1-actor pool equals in-process)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "rollout.py"
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_rollout_bench_reports_side_by_side(capsys):
+    spec = importlib.util.spec_from_file_location("bench_rollout", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    args = ["--layers", "2", "--hidden", "64", "--vocab", "256", "--prompts", "4", "--prompt-len", "8"]
+    out = module.main(
+        [*args, "--n", "2", "--new-tokens", "8", "--repeats", "1", "--cpus-per-actor", "0.5", "--no-probe"]
+    )
+    assert out["pool_1"]["equals_in_process"] is True
+    for key in ("in_process", "pool_1", "pool_2"):
+        assert out[key]["seconds"] > 0 and out[key]["tokens_per_s"] > 0
+    assert out["ray_hop_ratio"] > 0 and out["speedup_2_actors"] > 0
+    assert out["weight_update"]["mb"] > 0 and out["weight_update"]["seconds"] > 0
+    assert "cpu_probe" not in out  # --no-probe; the probe itself is a plain Ray task
+    assert '"ray_hop_ratio"' in capsys.readouterr().out
