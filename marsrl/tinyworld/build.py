@@ -66,8 +66,10 @@ class TinyWorldConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-# Training covers 1-2 step problems with numbers up to 20; the held-out set always has 2 steps.
-EASY = Difficulty.preset("easy")
+# Training covers 1-2 step problems with numbers up to 10 (values up to 40); the held-out set always has
+# two steps. Measured on 2 cores: a 1.7M-parameter target learns the format and most of this arithmetic in
+# ~900 SFT steps; with numbers up to 20 it stayed under 5% held-out accuracy after 400 steps.
+EASY = replace(Difficulty.preset("easy"), max_number=10, max_factor=4, max_value=40)
 TWO_STEP = replace(EASY, min_steps=2, max_steps=2)
 
 
@@ -94,7 +96,7 @@ PRESETS: dict[str, TinyWorldConfig] = {
     ),
     "default": TinyWorldConfig(
         name="default",
-        n_train=4000,
+        n_train=6000,
         train_difficulty=EASY,
         eval_difficulty=TWO_STEP,
         n_eval=100,
@@ -104,7 +106,7 @@ PRESETS: dict[str, TinyWorldConfig] = {
         num_heads=4,
         num_kv_heads=2,
         intermediate_size=384,
-        sft=SFTConfig(steps=400, batch_size=16, lr=3e-3, warmup=30),
+        sft=SFTConfig(steps=900, batch_size=16, lr=3e-3, warmup=30),
         n_draft_prompts=256,
         draft_vocab_size=320,
         draft_epochs=3,

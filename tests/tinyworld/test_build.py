@@ -14,12 +14,8 @@ from marsrl.tinyworld.tokenizer import chat_prompt_ids
 
 
 @pytest.fixture(scope="module")
-def micro(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MARSRL_CACHE", str(cache))
-    yield build_tinyworld("micro", progress=False)
-    mp.undo()
+def micro():
+    return build_tinyworld("micro", progress=False)  # into $MARSRL_CACHE (a temp folder, tests/conftest.py)
 
 
 def test_micro_builds_and_loads(micro):
