@@ -9,7 +9,7 @@ from datasets import Dataset
 
 from marsrl.engine import SamplingParams, Trajectory
 from marsrl.integrations.trl import group_runs, make_rollout_func
-from tests.rollout.helpers import save_tiny_world, sentences, tiny_tokenizer
+from tests.rollout.helpers import tiny_tokenizer
 
 
 class FakePool:
@@ -113,15 +113,24 @@ def test_sampling_defaults_come_from_the_trainer():
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_grpo_trainer_trains_two_steps_with_the_pool(tmp_path):
+    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
+    from marsrl.data import generate_problems
+    from marsrl.engine import EngineConfig
     from marsrl.rollout import PoolConfig, RolloutPool, WorkerConfig
+    from marsrl.tinyworld import build_tinyworld
 
-    folder = save_tiny_world(tmp_path / "policy")
-    tokenizer = tiny_tokenizer()
-    pool = RolloutPool(
-        PoolConfig(worker=WorkerConfig(target=folder, torch_threads=1), num_actors=2, num_cpus_per_actor=0.5)
+    world = build_tinyworld("micro", progress=False)  # the tiny world's target, tokenizer and EAGLE-3 head
+    folder = str(world / "target")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    worker = WorkerConfig(
+        target=folder,
+        drafter=str(world / "draft"),
+        engine=EngineConfig(rule="mars", num_draft_tokens=4),
+        torch_threads=1,
     )
+    pool = RolloutPool(PoolConfig(worker=worker, num_actors=2, num_cpus_per_actor=0.5))
     seen = []
 
     def reward(completions, **kwargs):
@@ -144,7 +153,8 @@ def test_grpo_trainer_trains_two_steps_with_the_pool(tmp_path):
         save_strategy="no",
         seed=0,
     )
-    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": s}] for s in sentences(16, seed=1)]})
+    questions = [p["question"] for p in generate_problems(16, seed=1, difficulty="easy")]
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in questions]})
     trainer = GRPOTrainer(
         model=folder,
         reward_funcs=[reward],
@@ -169,7 +179,11 @@ def test_grpo_trainer_trains_two_steps_with_the_pool(tmp_path):
         assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
         # the pool now generates from the synced (step-1) policy, as TRL's own model would
         pool.update_weights(trainer.model, version=2)
-        trajs = pool.generate([[3, 4, 5]], dataclasses.replace(SamplingParams(max_new_tokens=4), n=2))
+        prompt = tokenizer.apply_chat_template(
+            dataset[0]["prompt"], add_generation_prompt=True, tokenize=True
+        )
+        prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+        trajs = pool.generate([prompt], dataclasses.replace(SamplingParams(max_new_tokens=4), n=2))
         assert {t.policy_version for t in trajs} == {2}
     finally:
         pool.shutdown()
