@@ -48,7 +48,6 @@ class CompareConfig:
 
 
 def run_compare(cfg: CompareConfig, progress: bool = True) -> dict:
-    from .rollout import PoolConfig, RolloutPool, WorkerConfig
     from .tinyworld import PRESETS, build_tinyworld, load_tinyworld
     from .tinyworld.build import heldout_problems
     from .tinyworld.tokenizer import chat_prompt_ids
@@ -69,6 +68,35 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict:
     out_path = Path(cfg.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     report: dict = {"world": str(world), "rules": {}}
+    own_ray = _start_local_ray()
+    try:
+        _roll_out_each_rule(cfg, world, target, tok, problems, prompts, sampling, out_path, report)
+    finally:
+        if own_ray:
+            import ray
+
+            ray.shutdown()
+    report["out"] = str(out_path)
+    report["world_measured_at_build"] = meta.get("measured_at_build")
+    return report
+
+
+def _start_local_ray() -> bool:
+    """A quiet single-machine Ray cluster on loopback, unless one is already up (returns True if started)."""
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    return True
+
+
+def _roll_out_each_rule(cfg, world, target, tok, problems, prompts, sampling, out_path, report) -> None:
+    from .rollout import PoolConfig, RolloutPool, WorkerConfig
+
     with out_path.open("w") as sink:
         for rule in cfg.rules:
             engine = EngineConfig(rule=rule, theta=cfg.theta, num_draft_tokens=cfg.num_draft_tokens)
@@ -99,9 +127,6 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict:
                 row.update({k: v for k, v in vars(t).items()})
                 row.update(reward=r, text=texts[i])
                 sink.write(json.dumps(row) + "\n")
-    report["out"] = str(out_path)
-    report["world_measured_at_build"] = meta.get("measured_at_build")
-    return report
 
 
 def _tau(trajs) -> float:
