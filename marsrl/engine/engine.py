@@ -130,9 +130,9 @@ class SpeculativeEngine:
             for s in range(0, len(rows), self.config.max_batch_size):
                 self._run_batch(rows[s : s + self.config.max_batch_size], sampling, eos, gen, totals)
         totals["wall_seconds"] = time.perf_counter() - start
-        totals["tau"] = (
-            totals["tokens_in_rounds"] / max(totals["rounds"], 1) if "tokens_in_rounds" in totals else None
-        )
+        # tau: tokens per target forward of the speculative rounds, per sequence (the prefill's token is
+        # excluded from both counts); None when no round ran
+        totals["tau"] = totals["tokens_in_rounds"] / totals["rounds"] if totals["rounds"] else None
         self.stats = totals
         return [self._trajectory(r, sampling) for r in rows]
 
