@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .data import gsm8k_reward
 from .engine import EngineConfig, SamplingParams
-from .metrics import bias_metrics, teacher_forced
+from .metrics import bias_metrics, side_by_side, teacher_forced
 from .verify import DEFAULT_THETA, RULES
 
 
@@ -124,7 +124,7 @@ def _roll_out_each_rule(cfg, world, target, tok, problems, prompts, sampling, ou
             report["rules"][rule] = figures
             for i, (t, r) in enumerate(zip(trajs, rewards, strict=True)):
                 row = {"rule": rule, "prompt_index": i // cfg.group_size, "sample": i % cfg.group_size}
-                row.update({k: v for k, v in vars(t).items()})
+                row.update(vars(t))
                 row.update(reward=r, text=texts[i])
                 sink.write(json.dumps(row) + "\n")
 
@@ -152,10 +152,4 @@ ROWS = [
 
 
 def format_report(report: dict) -> str:
-    rules = list(report["rules"])
-    width = max(len(r[0]) for r in ROWS) + 2
-    lines = ["".ljust(width) + "".join(r.rjust(12) for r in rules)]
-    for label, key, fmt in ROWS:
-        vals = [report["rules"][r].get(key) for r in rules]
-        lines.append(label.ljust(width) + "".join(fmt.format(v).rjust(12) for v in vals))
-    return "\n".join(lines)
+    return side_by_side(report["rules"], ROWS)

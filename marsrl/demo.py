@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .metrics import side_by_side
 from .verify import DEFAULT_THETA, RULES, Provenance, verify_chain
 
 
@@ -137,7 +138,6 @@ def run_demo(cfg: DemoConfig) -> dict:
 
 def format_table(report: dict) -> str:
     """A side-by-side text table of ``run_demo``'s figures."""
-    rules = list(report["rules"])
     rows = [
         ("tau (tokens / round)", "tau", "{:.3f}"),
         ("relaxed fraction", "relaxed_frac", "{:.3%}"),
@@ -151,17 +151,11 @@ def format_table(report: dict) -> str:
         ("ESS / n", "is_ratio_ess_frac", "{:.4f}"),
         ("KL(b || p) per token (est.)", "kl_behavior_est", "{:.5f}"),
     ]
-    width = max(len(r[0]) for r in rows) + 2
-    lines = ["".ljust(width) + "".join(r.rjust(12) for r in rules)]
-    for label, key, fmt in rows:
-        vals = [report["rules"][r].get(key) for r in rules]
-        if all(v is None for v in vals):
-            continue
-        lines.append(
-            label.ljust(width) + "".join((fmt.format(v) if v is not None else "n/a").rjust(12) for v in vals)
-        )
+    columns = {}
+    for rule, figs in report["rules"].items():
+        columns[rule] = dict(figs)
+        for j, rate in enumerate(figs["accept_rate_by_position"]):
+            columns[rule][f"accept_{j}"] = rate
     k = len(next(iter(report["rules"].values()))["accept_rate_by_position"])
-    for j in range(k):
-        vals = [report["rules"][r]["accept_rate_by_position"][j] for r in rules]
-        lines.append(f"accept rate, draft {j}".ljust(width) + "".join(f"{v:.3f}".rjust(12) for v in vals))
-    return "\n".join(lines)
+    rows += [(f"accept rate, draft {j}", f"accept_{j}", "{:.3f}") for j in range(k)]
+    return side_by_side(columns, rows)
