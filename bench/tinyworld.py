@@ -5,15 +5,18 @@
 
 Accuracy: held-out problems (another seed than training, always two steps), strict and mars rollouts at
 T = 1 with chain K = 7, with a 95% Wilson interval.  tau: mean tokens per target forward, chain K = 7
-and the dynamic tree, T = 1 and T = 0.  Speed: tokens/s of marsrl strict / mars (chain) against HF
-``generate`` at batch 1 and 8, side by side in one run.  Prints one JSON object.
+and the dynamic tree, T = 1 and T = 0.  Speed: tokens/s of marsrl strict / mars (chain K = 7 and 3)
+against HF ``generate`` at batch 1 and 8 on the same prompts, interleaved, medians of repeated runs
+(``speed_table``).  Prints one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import statistics
 import sys
 import time
 
@@ -36,6 +39,16 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (mid - half, mid + half)
 
 
+def paired_difference(a: torch.Tensor, b: torch.Tensor, z: float = 1.96) -> dict:
+    """Mean of a - b over the same problems (0/1 outcomes [N]) with a normal 95% interval from the paired
+    differences: whether two rules' accuracies differ, rather than whether one lands in the other's
+    interval."""
+    d = a - b
+    half = z * float(d.std()) / math.sqrt(d.numel()) if d.numel() > 1 else float("inf")
+    mean = float(d.mean())
+    return {"mean": mean, "ci95": (mean - half, mean + half), "n": d.numel()}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="default", choices=sorted(PRESETS))
@@ -43,12 +56,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--n-tau", type=int, default=200, help="problems for each tau / speed measurement")
     ap.add_argument("--theta", type=float, default=0.9)
     ap.add_argument("--tree", type=int, nargs=3, default=[4, 5, 24], metavar=("TOP_K", "DEPTH", "TOTAL"))
+    ap.add_argument("--speed-prompts", type=int, default=16, help="prompts for the tokens/s comparison")
+    ap.add_argument("--speed-reps", type=int, default=3, help="interleaved repetitions of each speed run")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    path = build_tinyworld(args.preset, progress=False)
-    target, tok, head, meta = load_tinyworld(path)
+    # stdout carries only the JSON: libraries imported while building (deepspeed, through transformers'
+    # save_pretrained) print warnings there
+    with contextlib.redirect_stdout(sys.stderr):
+        path = build_tinyworld(args.preset, progress=False)
+        target, tok, head, meta = load_tinyworld(path)
     cfg = PRESETS[args.preset]
     eos = tok.eos_token_id
     problems = heldout_problems(cfg, max(args.n_accuracy, args.n_tau))
@@ -67,7 +85,7 @@ def main(argv=None) -> dict:
         return trajs, eng.stats, time.perf_counter() - start
 
     # accuracy, strict vs mars (T = 1, chain K = 7) and the per-token facts of the strict run
-    acc = {}
+    acc, outcomes = {}, {}
     for rule in ("strict", "mars"):
         trajs, stats, wall = run(rule, args.n_accuracy, 1.0)
         hits = [
@@ -75,6 +93,7 @@ def main(argv=None) -> dict:
             for t, p in zip(trajs, problems, strict=True)
         ]
         k = int(sum(hits))
+        outcomes[rule] = torch.tensor(hits, dtype=torch.float64)
         ratios = torch.tensor([r for t in trajs for r in t.logit_ratio])
         acc[rule] = {
             "accuracy": k / len(hits),
@@ -88,6 +107,7 @@ def main(argv=None) -> dict:
     acc["mars_inside_strict_ci95"] = (
         acc["strict"]["ci95"][0] <= acc["mars"]["accuracy"] <= acc["strict"]["ci95"][1]
     )
+    acc["mars_minus_strict"] = paired_difference(outcomes["mars"], outcomes["strict"])
     out["accuracy_T1_chain_k7"] = acc
 
     tau = {}
@@ -104,41 +124,81 @@ def main(argv=None) -> dict:
             tau[f"{shape}_{temperature}_mars_over_strict"] = m / s if s else None
     out["tau"] = tau
 
-    speed = {}
-    for batch in (1, 8):
-        ids = torch.tensor([prompts[0]] * batch)
-        n_new = cfg.max_new_tokens
-        start = time.perf_counter()
-        with torch.inference_mode():
-            g = target.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=True,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=n_new,
-                eos_token_id=eos,
-                pad_token_id=tok.pad_token_id,
-            )
-        hf_tps = (g.shape[1] - ids.shape[1]) * batch / (time.perf_counter() - start)
-        row = {"hf_generate_tokens_per_s": hf_tps}
-        for rule in ("strict", "mars"):
-            eng = SpeculativeEngine(
-                target, head, EngineConfig(rule=rule, theta=args.theta, num_draft_tokens=7)
-            )
-            sp = SamplingParams(temperature=1.0, max_new_tokens=n_new, eos_token_id=eos, n=batch, seed=2)
-            start = time.perf_counter()
-            eng.generate([prompts[0]], sp)
-            tps = eng.stats["tokens"] / (time.perf_counter() - start)
-            row[f"{rule}_tokens_per_s"] = tps
-            row[f"{rule}_ratio_to_hf"] = tps / hf_tps
-        speed[f"batch_{batch}"] = row
-    out["speed"] = speed
+    out["speed"] = speed_table(target, head, tok, prompts[: args.speed_prompts], cfg.max_new_tokens, args)
     out["draft_training"] = meta.get("draft_training")
     out["build_timings_s"] = meta.get("timings_s")
     json.dump(out, sys.stdout, indent=2, default=float)
     print()
     return out
+
+
+def hf_generated(out: torch.Tensor, width: int, eos: int) -> int:
+    """Tokens HF ``generate`` really produced: per row up to and including its first EOS (the padding it
+    appends to rows that finished early is not output)."""
+    total = 0
+    for row in out[:, width:].tolist():
+        total += row.index(eos) + 1 if eos in row else len(row)
+    return total
+
+
+def speed_table(target, head, tok, prompts, max_new_tokens: int, args) -> dict:
+    """tokens/s of HF ``generate`` and marsrl (chain K = 7, chain K = 3 and the ``--tree``; strict and
+    mars) at T = 1 on the same prompts: batch 1 runs them one by one, batch 8 in batches of 8 (left-padded
+    for HF).  Each system runs ``--speed-reps`` times, interleaved with the others (this machine is shared
+    and noisy); the figure is the median, and each ratio divides two medians of the same run."""
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    shapes = {
+        "k7": dict(num_draft_tokens=7),
+        "k3": dict(num_draft_tokens=3),
+        "tree": dict(tree=TreeConfig(*args.tree)),
+    }
+    engines = {
+        f"{rule}_{shape}": EngineConfig(rule=rule, theta=args.theta, **kw)
+        for shape, kw in shapes.items()
+        for rule in ("strict", "mars")
+    }
+    systems = ["hf", *engines]
+    table = {}
+    for batch in (1, 8):
+        groups = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+        rates: dict[str, list[float]] = {name: [] for name in systems}
+        for rep in range(args.speed_reps):
+            for name in systems[rep % len(systems) :] + systems[: rep % len(systems)]:
+                tokens, start = 0, time.perf_counter()
+                for group in groups:
+                    if name == "hf":
+                        width = max(len(p) for p in group)
+                        ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
+                        torch.manual_seed(rep)
+                        with torch.inference_mode():
+                            g = target.generate(
+                                ids,
+                                attention_mask=(ids != pad).long(),
+                                do_sample=True,
+                                top_k=0,
+                                top_p=1.0,
+                                max_new_tokens=max_new_tokens,
+                                eos_token_id=eos,
+                                pad_token_id=pad,
+                            )
+                        tokens += hf_generated(g, width, eos)
+                    else:
+                        eng = SpeculativeEngine(target, head, engines[name])
+                        sp = SamplingParams(
+                            temperature=1.0, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=rep
+                        )
+                        eng.generate(group, sp)
+                        tokens += eng.stats["tokens"]
+                rates[name].append(tokens / (time.perf_counter() - start))
+        row = {f"{name}_tokens_per_s": statistics.median(r) for name, r in rates.items()}
+        for name in systems[1:]:
+            row[f"{name}_ratio_to_hf"] = row[f"{name}_tokens_per_s"] / row["hf_tokens_per_s"]
+        for shape in shapes:
+            row[f"mars_over_strict_{shape}"] = (
+                row[f"mars_{shape}_tokens_per_s"] / row[f"strict_{shape}_tokens_per_s"]
+            )
+        table[f"batch_{batch}"] = row
+    return table
 
 
 if __name__ == "__main__":

@@ -25,3 +25,65 @@ def test_verify_bench_prints_json():
         f"{r}/{d}" for r in ("strict", "mars", "mars_code") for d in ("greedy_draft", "full_draft")
     }
     assert all(v > 0 for v in out["ratio_to_softmax"].values())
+
+
+def _load_bench(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tinyworld_bench_counts_hf_tokens_up_to_eos():
+    import torch
+
+    hf_generated = _load_bench("tinyworld").hf_generated
+    eos = 9
+    out = torch.tensor(
+        [
+            [5, 5, 1, 2, 9, 0, 0],  # prompt of 2, then 3 tokens (EOS included), then HF's padding
+            [5, 5, 1, 2, 3, 4, 6],  # never finished: every generated token counts
+            [5, 5, 9, 0, 0, 0, 0],  # EOS at once
+        ]
+    )
+    assert hf_generated(out, 2, eos) == 3 + 5 + 1
+
+
+def test_tinyworld_bench_prints_json_on_micro():
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "tinyworld.py"),
+        "--preset",
+        "micro",
+        "--n-accuracy",
+        "8",
+        "--n-tau",
+        "4",
+        "--speed-prompts",
+        "8",
+        "--speed-reps",
+        "1",
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    out = json.loads(res.stdout)
+    acc = out["accuracy_T1_chain_k7"]
+    assert acc["strict"]["n"] == 8 and 0 <= acc["strict"]["accuracy"] <= 1
+    assert acc["mars_minus_strict"]["n"] == 8
+    assert {"chain_k7_T1_strict", "tree_T0_mars", "chain_k7_T1_mars_over_strict"} <= set(out["tau"])
+    for batch in ("batch_1", "batch_8"):
+        row = out["speed"][batch]
+        assert row["hf_tokens_per_s"] > 0 and row["strict_k7_ratio_to_hf"] > 0
+        assert row["mars_over_strict_k3"] > 0 and row["mars_tree_ratio_to_hf"] > 0
+
+
+def test_tinyworld_bench_paired_difference_by_hand():
+    import torch
+
+    diff = _load_bench("tinyworld").paired_difference(
+        torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor([0.0, 1.0, 0.0, 0.0])
+    )
+    # d = (1, 0, 0, 0): mean 0.25, sample std 0.5, half width 1.96 * 0.5 / 2
+    assert diff["mean"] == 0.25 and diff["n"] == 4
+    assert abs(diff["ci95"][0] - (0.25 - 0.49)) < 1e-12 and abs(diff["ci95"][1] - (0.25 + 0.49)) < 1e-12

@@ -1,12 +1,14 @@
 """The maths of EAGLE-3's single decoder layer ("midlayer"): RMSNorm, RoPE, cached GQA attention with an
 additive mask, SwiGLU.  Module and parameter names match the published checkpoints.
 
-Leaves out: fused kernels (SDPA / flash).  Attention is written out so its softmax runs in float32 with
-the caller's additive mask, in query chunks that bound the [chunk, S] score matrix; a fused path is an
-optimisation to add behind the same interface.
+Attention runs through torch's fused ``scaled_dot_product_attention`` with the caller's additive mask;
+``attend`` writes the same maths out (float32 softmax, query chunks that bound the [chunk, S] score
+matrix) as the reference the tests hold it to.  Training-time-test unrolls use ``TTTBlocks`` instead.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -27,8 +29,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:  # the same maths in one op
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)  # x / sqrt(mean(x^2) + eps), in float32
         return self.weight * h.to(x.dtype)
 
 
@@ -37,11 +40,19 @@ def rope_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin tables [B, T, head_dim] float32 for integer positions [B, T] (Llama's layout:
     frequency i at columns i and i + head_dim/2).  No clamping to any maximum length."""
-    exponent = torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim
-    inv_freq = 1.0 / (theta**exponent)  # [hd/2]
+    inv_freq = _inv_freq(head_dim, float(theta), position_ids.device)  # [hd/2]
     freqs = position_ids.float().unsqueeze(-1) * inv_freq  # [B, T, hd/2]
     angles = torch.cat([freqs, freqs], dim=-1)  # [B, T, hd]
     return angles.cos(), angles.sin()
+
+
+@functools.lru_cache(maxsize=16)
+def _inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """theta ** (-2i / head_dim) for i < head_dim / 2, float32 (cached: one per head shape and device;
+    made outside inference mode so a table first built while generating also serves training)."""
+    with torch.inference_mode(False):
+        exponent = torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
+        return 1.0 / (theta**exponent)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -89,6 +100,51 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return torch.cat(outs, dim=3).reshape(bsz, n_q, q_len, hd)
 
 
+class TTTBlocks:
+    """Keys and values of a training-time-test unroll: one block of T per step, and its attention rule.
+
+    Step j's query row t sees block 0's keys s <= t that are real (``key_valid``; always its own) and
+    row t of blocks 1..j: causal over the first block plus the diagonal of every later one.  Rather than
+    a dense [T, (j+1)*T] score matrix that is mostly masked, block 0 gives a [T, T] matrix and every later
+    block one score per row (an elementwise product), so a step costs O(T^2 + jT), not O(jT^2).  The
+    result equals ``attend`` with the dense mask ``marsrl.drafter.train.ttt_attention_mask`` (tested).
+
+    key_valid: [B, T] bool real tokens.
+    """
+
+    def __init__(self, key_valid: torch.Tensor) -> None:
+        t = key_valid.shape[1]
+        lower = torch.ones(t, t, dtype=torch.bool, device=key_valid.device).tril()
+        allowed = (lower & key_valid.unsqueeze(1)) | torch.eye(t, dtype=torch.bool, device=key_valid.device)
+        zero = torch.zeros((), device=key_valid.device)
+        self.mask0 = torch.where(allowed, zero, torch.finfo(torch.float32).min)[:, None, None]  # [B,1,1,T,T]
+        self.keys: list[torch.Tensor] = []  # per step [B, Hkv, T, hd]
+        self.values: list[torch.Tensor] = []
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Append this step's k, v [B, Hkv, T, hd] and attend q [B, Hq, T, hd] -> [B, Hq, T, hd]."""
+        self.keys.append(k)
+        self.values.append(v)
+        bsz, n_q, q_len, hd = q.shape
+        n_kv = k.shape[1]
+        qg = q.view(bsz, n_kv, n_q // n_kv, q_len, hd)  # [B, Hkv, rep, T, hd]
+        scale = hd**-0.5
+        first = torch.matmul(qg, self.keys[0].transpose(-1, -2).unsqueeze(2)).float() * scale + self.mask0
+        scores = [first]  # [B, Hkv, rep, T, T]
+        if len(self.keys) > 1:
+            # one score per row and later block: batched small matmuls over t (no [.., T, j, hd] product)
+            later_k = torch.stack(self.keys[1:], dim=3)  # [B, Hkv, T, j, hd]
+            scores.append(
+                torch.einsum("bhrtd,bhtjd->bhrtj", qg, later_k).float() * scale
+            )  # [B, Hkv, rep, T, j]
+        probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1).to(v.dtype)
+        out = torch.matmul(probs[..., :q_len], self.values[0].unsqueeze(2))  # [B, Hkv, rep, T, hd]
+        if len(self.keys) > 1:
+            later_v = torch.stack(self.values[1:], dim=3)  # [B, Hkv, T, j, hd]
+            out = out + torch.einsum("bhrtj,bhtjd->bhrtd", probs[..., q_len:], later_v)
+        return out.reshape(bsz, n_q, q_len, hd)
+
+
 class Eagle3Attention(nn.Module):
     """q/k/v take the 2H-wide [embedding, hidden] input; o_proj returns to H.  No biases."""
 
@@ -117,14 +173,27 @@ class Eagle3Attention(nn.Module):
         k = self.k_proj(x).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
         v = self.v_proj(x).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if isinstance(cache, TTTBlocks):  # training-time test: its own block-sparse rule, no mask
+            if attention_mask is not None:
+                raise ValueError("attention_mask must be None with TTTBlocks (the blocks define the mask)")
+            out = cache.attend(q, k, v)
+            return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, self.num_heads * self.head_dim))
         if cache is not None:
             k, v = cache.update(k, v, 0)  # appended: [B, Hkv, S, hd], S = cached + T
         kv_len = k.shape[2]
         if attention_mask is None:
-            attention_mask = causal_mask(q_len, kv_len, x.device)
+            attention_mask = causal_mask(q_len, kv_len, x.device)  # None for one query: it sees every key
         else:
             _check_mask(attention_mask, bsz, q_len, kv_len)
-        out = attend(q, k, v, attention_mask)  # [B, Hq, T, hd]
+        # fused attention (one op instead of ~15: this layer runs once per drafted token); ``attend`` is its
+        # written-out reference (tests/drafter/test_forward.py)
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=None if attention_mask is None else attention_mask.to(q.dtype),
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )  # [B, Hq, T, hd]
         return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, self.num_heads * self.head_dim))
 
 

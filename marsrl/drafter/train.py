@@ -13,8 +13,9 @@ Training-time test (EAGLE-3, arXiv 2503.01840), for a sequence x_0 .. x_{T-1} wi
              renormalised, averaged over positions that are valid and whose target argmax is drafted.
     total  = sum_j decay**j * loss_j
 
-The head reads its keys from a ``DynamicCache`` that grows by one block of T keys per step, and one
-additive mask per step selects [causal over block 0] + [the diagonal of every later block].
+The head's keys grow by one block of T per step; attention is causal over block 0 plus the diagonal of
+every later block (``TTTBlocks`` computes exactly that without a dense mask; ``ttt_unroll(dense=True)``
+is the slow reference with a ``DynamicCache`` and the full additive mask).
 
 Choices worth knowing:
 - Every step keeps all T rows (row t at step j runs past the sequence when t + j + 1 >= T); such rows are
@@ -40,8 +41,10 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
+from ..batching import bucket_by_length
 from .checkpoint import CONFIG_FILE, SAFETENSORS_FILE
 from .eagle3 import EMBED_KEY, Eagle3Drafter
+from .layers import TTTBlocks
 from .taps import FeatureTap
 
 DEFAULT_DRAFT_VOCAB = 32000  # the published 8B heads' draft vocabulary
@@ -235,11 +238,16 @@ def ttt_unroll(
     input_ids: torch.Tensor,
     steps: int = DEFAULT_TTT_STEPS,
     attention_mask: torch.Tensor | None = None,
+    *,
+    dense: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield (logits [B, T, Vd] float32, hidden [B, T, H]) of steps 0 .. steps-1 of the training-time test.
 
     Row t of step j took token x_{t+j+1} (0 past the end) at position t + j, and predicts x_{t+j+2}.
     features [B, T, 3*Ht], input_ids [B, T], attention_mask [B, T] (real tokens) or None.
+
+    The keys live in ``TTTBlocks`` (block-sparse attention, O(T^2 + jT) per step); ``dense=True`` is the
+    slow reference: a ``DynamicCache`` and the full additive mask of ``ttt_attention_mask``.
     """
     bsz, t = input_ids.shape
     key_valid = (
@@ -249,12 +257,11 @@ def ttt_unroll(
     )
     ids = F.pad(input_ids, (0, steps))  # [B, T + steps]: zeros past the end (rows masked out of the loss)
     pos = torch.arange(t, device=input_ids.device).unsqueeze(0)  # [1, T]
-    cache = DynamicCache()
+    cache = DynamicCache() if dense else TTTBlocks(key_valid)
     hidden = drafter.fuse(features)  # [B, T, H]
     for j in range(steps):
-        logits, hidden = drafter(
-            ids[:, j + 1 : j + 1 + t], hidden, pos + j, cache, ttt_attention_mask(j, key_valid)
-        )
+        mask = ttt_attention_mask(j, key_valid) if dense else None
+        logits, hidden = drafter(ids[:, j + 1 : j + 1 + t], hidden, pos + j, cache, mask)
         yield logits, hidden
 
 
@@ -519,7 +526,8 @@ def train_offline(
 ) -> dict:
     """Train ``drafter`` on sequences the target generated itself (prompt + response token ids).
 
-    Each step: a batch of sequences (shuffled per epoch from ``seed``; right-padded; cut to ``max_len``),
+    Each step: a batch of sequences (shuffled per epoch from ``seed`` and bucketed by length; right-padded;
+    cut to ``max_len``),
     one target forward through ``capture_batch``, one ``DraftTrainer`` step.  ``prompt_lens`` (one per
     sequence) limits the loss to predictions of response tokens; None trains on every position.
 
@@ -549,7 +557,7 @@ def train_offline(
     if prompt_lens is not None and len(prompt_lens) != len(sequences):
         raise ValueError(f"prompt_lens has {len(prompt_lens)} entries for {len(sequences)} sequences")
 
-    schedule = _schedule(len(sequences), batch_size, epochs, seed)
+    schedule = _schedule([min(len(q), max_len) for q in sequences], batch_size, epochs, seed)
     total = len(schedule) if max_steps is None else min(len(schedule), max_steps)
     trainer = DraftTrainer(drafter, lr=lr)
     data_key = {"seed": seed, "num_sequences": len(sequences), "batch_size": batch_size, "max_len": max_len}
@@ -598,13 +606,14 @@ def train_offline(
     }
 
 
-def _schedule(n: int, batch_size: int, epochs: int, seed: int) -> list[list[int]]:
-    """Every step's sequence indices: a fresh permutation per epoch from one seeded generator."""
+def _schedule(lengths: Sequence[int], batch_size: int, epochs: int, seed: int) -> list[list[int]]:
+    """Every step's sequence indices: a fresh permutation per epoch from one seeded generator, bucketed
+    by length (``marsrl.batching``) so a batch pads little."""
     gen = torch.Generator().manual_seed(seed)
     steps = []
     for _ in range(epochs):
-        perm = torch.randperm(n, generator=gen).tolist()
-        steps += [perm[i : i + batch_size] for i in range(0, n, batch_size)]
+        perm = torch.randperm(len(lengths), generator=gen).tolist()
+        steps += bucket_by_length(perm, lengths, batch_size, gen)
     return steps
 
 

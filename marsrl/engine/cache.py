@@ -26,27 +26,32 @@ class RaggedCache:
         """Length of the shared time axis (>= every row's length)."""
         return self.cache.get_seq_length() if self.cache.layers else 0
 
-    def attention_mask(
-        self, block_allowed: torch.Tensor, dtype: torch.dtype, shared_from: int | None = None
-    ) -> torch.Tensor:
+    def attention_mask(self, block_allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Additive mask [B, 1, T, width + T] for appending a block of T queries.
 
         block_allowed [B or 1, T, T] bool: which new entries each new query may see (causal for a chain,
-        ancestors for a tree). Every query also sees its row's valid cached slots, and every slot at or
-        after ``shared_from`` (uncommitted entries appended in lockstep, e.g. earlier draft steps). A
-        query whose row allows nothing else still sees itself, so padding queries never produce NaN.
+        ancestors for a tree). Every query also sees its row's valid cached slots. A query whose row
+        allows nothing else still sees itself, so padding queries never produce NaN.
         """
         bsz = self.lengths.shape[0]
         t = block_allowed.shape[-1]
         dev = self.lengths.device
         slots = torch.arange(self.width, device=dev)
         old = (slots >= self.starts.unsqueeze(1)) & (slots < (self.starts + self.lengths).unsqueeze(1))
-        if shared_from is not None:
-            old = old | (slots >= shared_from)
         new = block_allowed.expand(bsz, t, t) | torch.eye(t, dtype=torch.bool, device=dev)
         allowed = torch.cat([old.unsqueeze(1).expand(bsz, t, -1), new], dim=2)
         zero = torch.zeros((), dtype=dtype, device=dev)
         return torch.where(allowed, zero, torch.finfo(dtype).min).unsqueeze(1)
+
+    def lockstep_mask(self, extra: int, dtype: torch.dtype) -> torch.Tensor:
+        """Additive mask [B, 1, 1, width + extra] for single queries appended one at a time in lockstep
+        (a chain draft): each row's valid slots and every slot from ``width`` on.  Step j (j + 1 entries
+        appended) uses ``mask[..., : width + j + 1]``; built once, sliced per step."""
+        slots = torch.arange(self.width + extra, device=self.lengths.device)
+        allowed = (slots >= self.starts.unsqueeze(1)) & (slots < (self.starts + self.lengths).unsqueeze(1))
+        allowed = allowed | (slots >= self.width)  # [B, width + extra]
+        zero = torch.zeros((), dtype=dtype, device=self.lengths.device)
+        return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None, None, :]
 
     def commit(self, block_start: int, keep: torch.Tensor, counts: torch.Tensor) -> None:
         """Keep ``counts[b]`` entries of the block appended at ``block_start``.

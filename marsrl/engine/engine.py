@@ -419,21 +419,19 @@ class _EagleState:
         rows = torch.arange(bsz, device=dev)
         return hidden[rows, self.counts - 1], logits[rows, self.counts - 1]
 
-    def step(self, tokens, hidden, depth_offset: int, committed_width: int):
-        """One speculative draft step: tokens [B, M], hidden [B, M, H] at positions lengths + offset.
-        Appends M uncommitted entries (visible to later steps). Returns (logits [B, M, Vd], hidden)."""
-        dev = tokens.device
+    def step(self, tokens, hidden, depth_offset: int, mask):
+        """One speculative draft step: tokens [B, M], hidden [B, M, H] at positions lengths + offset,
+        under the additive ``mask`` [B, 1, M, S].  Appends M uncommitted entries (visible to later steps).
+        Returns (logits [B, M, Vd], hidden)."""
         m = tokens.shape[1]
         pos = (self.cache.lengths + depth_offset).unsqueeze(1).expand(-1, m)
-        mask = self.cache.attention_mask(
-            torch.eye(m, dtype=torch.bool, device=dev).unsqueeze(0), self.dtype, shared_from=committed_width
-        )
         return self.drafter(tokens, hidden, pos, self.cache.cache, mask)
 
     def draft_chain(self, k: int, sampling: SamplingParams, mode: str, gen):
         """K chain drafts per row: (tokens [B, K] target ids, draft_probs [B, K, V] or None)."""
         h, lg = self.absorb()
         committed = self.cache.width
+        mask = self.cache.lockstep_mask(k, self.dtype)  # [B, 1, 1, committed + k], sliced per step
         temperature = sampling.temperature
         greedy = mode == "greedy" or temperature == 0
         toks, probs = [], []
@@ -447,7 +445,8 @@ class _EagleState:
                 probs.append(q)
             toks.append(tok)
             if j + 1 < k:
-                lgs, hs = self.step(tok.unsqueeze(1), h.unsqueeze(1), j, committed)
+                step_mask = mask[..., : committed + j + 1]
+                lgs, hs = self.step(tok.unsqueeze(1), h.unsqueeze(1), j, step_mask)
                 h, lg = hs[:, 0], lgs[:, 0]
         self.cache.crop(committed)  # drop the speculative entries
         return torch.stack(toks, 1), (torch.stack(probs, 1) if probs else None)

@@ -1,6 +1,7 @@
 """Supervised fine-tuning of the tiny target on (prompt, answer) token pairs: next-token cross-entropy
 on the answer tokens only, AdamW with warm-up and cosine decay, gradient clipping, a progress bar.
 
+Batches are drawn with replacement and bucketed by length (``marsrl.batching``: a third less padding).
 Deliberately small: one process, no packing, no gradient accumulation (the tiny world fits a batch).
 """
 
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from ..batching import bucket_by_length
+
 
 @dataclass(frozen=True)
 class SFTConfig:
@@ -22,9 +25,12 @@ class SFTConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     seed: int = 0
+    # batches per length-sorted window (marsrl.batching); 1 = unsorted.  Measured on the default world
+    # (900 steps, 400 held-out problems at T=1): 1 -> 430 s, 33.5%; 4 -> 338 s, 34.0%; 8 -> 323 s, 21-23%
+    bucket_group: int = 4
 
     def __post_init__(self):
-        for name in ("steps", "batch_size"):
+        for name in ("steps", "batch_size", "bucket_group"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -64,9 +70,14 @@ def sft_train(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     model.train()
     losses = []
+    lengths = [len(p) + len(a) for p, a in examples]
+    queue: list[list[int]] = []
     bar = tqdm(range(cfg.steps), desc="sft", disable=not progress, leave=False)
     for _ in bar:
-        idx = torch.randint(0, len(examples), (cfg.batch_size,), generator=gen).tolist()
+        if not queue:  # draw the next window of batches (with replacement), bucketed by length
+            draw = torch.randint(0, len(examples), (cfg.batch_size * cfg.bucket_group,), generator=gen)
+            queue = bucket_by_length(draw.tolist(), lengths, cfg.batch_size, gen, cfg.bucket_group)
+        idx = queue.pop()
         batch = collate([examples[i] for i in idx], pad_id, device)
         loss = model(**batch).loss
         opt.zero_grad(set_to_none=True)

@@ -140,18 +140,45 @@ def test_mask_hiding_cached_keys_equals_recompute_without_them(target):
     torch.testing.assert_close(masked[1], recomputed[1], **TOL)
 
 
-def test_explicit_causal_mask_equals_default_and_query_chunking(target, monkeypatch):
+def test_explicit_causal_mask_equals_default(target):
     d = make_head(target)
     ids, hidden, pos = _inputs(d, steps=6)
     allowed = torch.ones(6, 6).tril().bool()
-    mask = torch.zeros(2, 1, 6, 6).masked_fill(~allowed, float("-inf"))
+    mask = torch.zeros(2, 1, 6, 6).masked_fill(~allowed, torch.finfo(torch.float32).min)
     with torch.no_grad():
         default = d(ids, hidden, pos)
         explicit = d(ids, hidden, pos, attention_mask=mask)
-        monkeypatch.setattr(layers_mod, "_SCORE_BUDGET", 2 * 4 * 6)  # one query row per chunk
-        chunked = d(ids, hidden, pos)
     torch.testing.assert_close(explicit[0], default[0], **TOL)
-    torch.testing.assert_close(chunked[0], default[0], **TOL)
+
+
+def test_fused_attention_equals_written_out_reference_with_query_chunks(target, monkeypatch):
+    """The layer's SDPA call against ``attend`` (float32 softmax, one query row per chunk) substituted
+    for it: a prefill over a cache with a ragged mask, then a single-query step."""
+    d = make_head(target)
+    ids, hidden, pos = _inputs(d, steps=6)
+    allowed = torch.ones(2, 6, 6).tril().bool()
+    allowed[1, :, :2] = False  # row 1: its first two keys are padding
+    allowed[1].fill_diagonal_(True)
+    mask = torch.zeros(2, 1, 6, 6).masked_fill(~allowed.unsqueeze(1), torch.finfo(torch.float32).min)
+
+    def run():
+        cache = DynamicCache()
+        with torch.no_grad():
+            first = d(ids[:, :5], hidden[:, :5], pos[:, :5], cache, mask[:, :, :5, :5])
+            last = d(ids[:, 5:], hidden[:, 5:], pos[:, 5:], cache, mask[:, :, 5:, :])
+        return first[0], last[0]
+
+    fused = run()
+
+    def reference(q, k, v, attn_mask=None, enable_gqa=False):
+        assert enable_gqa == (q.shape[1] != k.shape[1])
+        return layers_mod.attend(q, k, v, attn_mask)
+
+    monkeypatch.setattr(layers_mod.F, "scaled_dot_product_attention", reference)
+    monkeypatch.setattr(layers_mod, "_SCORE_BUDGET", 2 * 4 * 6)  # one query row per chunk
+    written = run()
+    for a, b in zip(fused, written, strict=True):
+        torch.testing.assert_close(a, b, **TOL)
 
 
 def test_gqa_shapes_and_dtypes():

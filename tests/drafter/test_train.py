@@ -163,6 +163,36 @@ def test_ttt_unroll_matches_engine_style_loop(target):
     assert checked == sum(len(range(p, t_len - 1 - j)) for j in range(steps) for p in pad)
 
 
+def test_ttt_block_attention_equals_dense_mask_values_and_gradients(target):
+    """TTTBlocks (block 0 causal + per-row diagonal scores) = the dense [T, (j+1)T] masked attention, for
+    the logits of every step and for the gradients of a loss over all steps, with left padding."""
+    g = torch.Generator().manual_seed(5)
+    bsz, t_len, steps = 3, 11, 7
+    pad = [0, 4, 1]
+    attn = torch.arange(t_len).unsqueeze(0) >= torch.tensor(pad).unsqueeze(1)
+    feats = torch.randn(bsz, t_len, random_head(target).config.fc_in_features, generator=g)
+    ids = torch.randint(0, V, (bsz, t_len), generator=g)
+    weights = torch.randn(steps, bsz, t_len, generator=g)
+    results = []
+    for dense in (False, True):
+        head = random_head(target, seed=6)
+        outs = list(ttt_unroll(head, feats, ids, steps, attn, dense=dense))
+        pairs = zip(weights, outs, strict=True)
+        loss = sum((w.unsqueeze(-1) * lg.log_softmax(-1)).sum() for w, (lg, _) in pairs)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}
+        results.append(([lg.detach() for lg, _ in outs], grads))
+    (fast, fast_grads), (dense_out, dense_grads) = results
+    for a, b in zip(fast, dense_out, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert set(fast_grads) == set(dense_grads) and "midlayer.self_attn.k_proj.weight" in fast_grads
+    for name in fast_grads:
+        scale = float(dense_grads[name].abs().max())  # float32 sums in another order: relative to scale
+        torch.testing.assert_close(
+            fast_grads[name], dense_grads[name], rtol=1e-4, atol=1e-5 * scale, msg=name
+        )
+
+
 def slow_loss(head, batch, ref, steps, decay):
     """ttt_loss written position by position from the loop reference's logits."""
     ids_d = head.target_token_ids

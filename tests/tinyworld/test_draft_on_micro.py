@@ -1,9 +1,9 @@
 """Draft training and the online refresh, measured on the micro tiny world (its SFT target and task).
 
 Seeded, one thread. Figures seen when this was written (strict, chain K = 4, 16 held-out prompts,
-48 new tokens): tau at T = 0 untrained 1.00 -> trained 1.56 (24 TTT steps); after adding noise of 3x
-the weight std to the target's lm_head, 1.13; after 54 refresh steps on the perturbed target's own
-rollouts, 1.47 (T = 1: 1.10 -> 1.09 -> 1.28). Thresholds sit well inside those gaps.
+48 new tokens): tau at T = 0 untrained 1.00 -> trained 3.77 (48 TTT steps); after adding noise of 3x
+the weight std to the target's lm_head, 1.01; after 54 refresh steps on the perturbed target's own
+rollouts, 2.03. Thresholds sit well inside those gaps.
 """
 
 import copy
@@ -70,7 +70,7 @@ def test_training_and_refresh_on_the_micro_world(setup):
         trained,
         seqs,
         prompt_lens=plens,
-        epochs=4,
+        epochs=8,
         batch_size=16,
         max_len=max(map(len, seqs)),
         lr=3e-3,
@@ -83,7 +83,7 @@ def test_training_and_refresh_on_the_micro_world(setup):
         tau(target, untrained, tok, held_prompts, 0.0),
         tau(target, trained, tok, held_prompts, 0.0),
     )
-    assert tau_trained > tau_untrained + 0.3, (tau_untrained, tau_trained)
+    assert tau_trained > tau_untrained + 1.0, (tau_untrained, tau_trained)
 
     # the policy moves: its output head changes; the stale draft loses acceptance, the refresh wins it back
     moved = copy.deepcopy(target)
@@ -94,7 +94,7 @@ def test_training_and_refresh_on_the_micro_world(setup):
     head = copy.deepcopy(trained)
     head.share_embedding(moved)
     stale = tau(moved, head, tok, held_prompts, 0.0)
-    assert stale < tau_trained - 0.2, (tau_trained, stale)
+    assert stale < tau_trained - 1.0, (tau_trained, stale)
     new_seqs, new_plens, _ = rollouts(moved, tok, train_prompts, seed=7)
     trainer = DraftTrainer(head, lr=3e-3)
     width = max(map(len, new_seqs))
@@ -113,4 +113,4 @@ def test_training_and_refresh_on_the_micro_world(setup):
                 attention_mask=batch.attention_mask,
             )
     refreshed = tau(moved, head, tok, held_prompts, 0.0)
-    assert refreshed > stale + 0.2, (stale, refreshed)
+    assert refreshed > stale + 0.5, (stale, refreshed)
