@@ -39,7 +39,6 @@ def draft_tree(eagle, cfg: TreeConfig, dtype: torch.dtype) -> DraftTree:
     bsz = h_root.shape[0]
     dev = h_root.device
     k = min(cfg.top_k, lg_root.shape[-1])
-    rows = torch.arange(bsz, device=dev)
 
     lp = torch.log_softmax(lg_root.float(), -1)
     top = lp.topk(k, -1)
@@ -110,10 +109,21 @@ def draft_tree(eagle, cfg: TreeConfig, dtype: torch.dtype) -> DraftTree:
     depth = depth_all.gather(1, chosen)
     node_probs = torch.cat(cand_logp, 1).gather(1, chosen).exp()
 
-    ancestors = torch.zeros(bsz, n + 1, n + 1, dtype=torch.bool, device=dev)
-    ancestors[:, 0, 0] = True
-    for i in range(n):  # parents first: each row inherits its parent's ancestor set
-        par = parents[:, i] + 1  # 0 = root
-        ancestors[:, i + 1] = ancestors[rows, par]
-        ancestors[:, i + 1, i + 1] = True
+    ancestors = ancestor_sets(parents, cfg.depth)
     return DraftTree(tokens, parents, depth, ancestors, node_probs, forwards)
+
+
+def ancestor_sets(parents: torch.Tensor, depth: int) -> torch.Tensor:
+    """Ancestor-or-self sets [B, N+1, N+1] bool of trees given by parents [B, N] (-1: child of the root),
+    in block order: index 0 is the root, node i is index i + 1; ``depth`` bounds every node's depth.
+
+    The closure of the parent relation: after d rounds of "add my parent's set" every ancestor up to d
+    levels up is in — ``depth`` batched matmuls rather than a Python loop over the nodes.
+    """
+    bsz, n = parents.shape
+    up = torch.zeros(bsz, n + 1, n + 1, dtype=torch.float32, device=parents.device)
+    up[:, 1:] = torch.nn.functional.one_hot(parents + 1, n + 1).float()  # row i + 1: node i's parent
+    sets = torch.eye(n + 1, device=parents.device).expand(bsz, n + 1, n + 1)
+    for _ in range(depth):
+        sets = (sets + torch.bmm(up, sets)).clamp(max=1)
+    return sets.bool()

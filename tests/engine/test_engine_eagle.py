@@ -2,6 +2,7 @@
 rejection path): greedy equality with HF generate, exact sampling for chains and trees."""
 
 import pytest
+import torch
 
 from marsrl.drafter import Eagle3Drafter
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, TreeConfig
@@ -48,3 +49,30 @@ def test_theta_one_equals_strict_and_mars_relaxes(target, name):
     assert [t.completion_ids for t in strict] == [t.completion_ids for t in same]
     assert [t.behavior_logprobs for t in strict] == [t.behavior_logprobs for t in same]
     assert all(t.rule == "mars" and t.theta == 1.0 for t in same)
+
+
+def test_ancestor_sets_equal_a_walk_up_the_parents():
+    """The matmul closure = walking each node's parent chain to the root, on random parents-first trees
+    (padding-like -1 parents included) of every depth up to the bound."""
+    from marsrl.engine.tree import ancestor_sets
+
+    g = torch.Generator().manual_seed(0)
+    bsz, n = 6, 24
+    parents = torch.full((bsz, n), -1, dtype=torch.long)
+    depth = torch.ones(bsz, n, dtype=torch.long)
+    for b in range(bsz):
+        for i in range(1, n):
+            p = int(torch.randint(-1, i, (1,), generator=g))
+            parents[b, i] = p
+            depth[b, i] = 1 if p < 0 else depth[b, p] + 1
+    sets = ancestor_sets(parents, int(depth.max()))
+    for b in range(bsz):
+        for i in range(n + 1):
+            want = {i, 0}
+            node = i - 1
+            while node >= 0:
+                want.add(node + 1)
+                node = int(parents[b, node])
+            assert set(sets[b, i].nonzero().flatten().tolist()) == want, (b, i)
+    # a bound below the deepest node misses its farthest ancestors
+    assert not torch.equal(ancestor_sets(parents, int(depth.max()) - 1), sets)
