@@ -110,10 +110,24 @@ def dist_logp(d: TargetDist, tokens: torch.Tensor) -> torch.Tensor:
     if d.temperature == 0:
         return torch.where(tokens == d.t1, 0.0, float("-inf")).double()
     src = d.scaled if d.scaled is not None else d.logits
-    val = src.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).float()
+    return _logp(d, src.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), d.lse)
+
+
+def dist_logp_at(d: TargetDist, index: tuple, tokens: torch.Tensor) -> torch.Tensor:
+    """log p(tokens) at the positions ``index`` picks (advanced indexing into the leading dims; tokens has
+    the picked shape, e.g. [B, N+1, C] candidate tokens at every tree node) -> float64 of that shape."""
+    if d.temperature == 0:
+        return torch.where(tokens == d.t1[index], 0.0, float("-inf")).double()
+    src = d.scaled if d.scaled is not None else d.logits
+    return _logp(d, src[(*index, tokens)], d.lse[index])
+
+
+def _logp(d: TargetDist, picked: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Picked raw (or already scaled) logits and their rows' log-normaliser -> log p, float64."""
+    val = picked.float()
     if d.scaled is None and d.temperature != 1.0:
         val = val / d.temperature
-    return (val - d.lse).double()
+    return (val - lse).double()
 
 
 def dist_probs(d: TargetDist, index: tuple) -> torch.Tensor:

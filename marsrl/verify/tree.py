@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from .chain import Rule
 from .dist import (
     check_scalars,
-    dist_logp,
+    dist_logp_at,
     dist_probs,
     logit_flags,
     margin_ratio,
@@ -57,7 +57,7 @@ from .types import DEFAULT_THETA, Provenance, TreeVerifyResult
 
 
 class _Sibling(NamedTuple):
-    """What a rule needs about sibling k of every row; all [B]."""
+    """What a rule needs about the siblings of every row; all [B, C] (a rule is elementwise)."""
 
     p_s: torch.Tensor  # float64 p(s) (unchanged so far: sibling tokens are distinct)
     q_s: torch.Tensor  # float64 draft probability of the node (1 when not given)
@@ -67,7 +67,8 @@ class _Sibling(NamedTuple):
     u: torch.Tensor  # float64 uniform (zeros at T = 0)
 
 
-# Each step returns (passed_strict_test, accepted_by_margin, accept_probability a, mass_removed_if_rejected).
+# Each step returns (passed_strict_test, accepted_by_margin, accept_probability a, mass_removed_if_rejected);
+# the mass removed must not depend on ``rem`` (``_walk_siblings`` relies on it to vectorise the walk).
 def _step_strict(s: _Sibling):
     a = (s.p_s / s.rem.clamp_min(1e-300)).clamp(0, 1)
     return s.u * s.rem < s.p_s, torch.zeros_like(s.in_top2), a, s.p_s
@@ -98,7 +99,6 @@ class _Node(NamedTuple):
     z1: torch.Tensor  # [B]
     ratio: torch.Tensor  # [B]
     relax: torch.Tensor  # [B] bool
-    p_row: torch.Tensor | None  # [B, V] float32 sampling distribution (None at T = 0)
     sib_node: torch.Tensor  # [B, C] child node index, -1 for none
     sib_valid: torch.Tensor  # [B, C] bool
     sib_tok: torch.Tensor  # [B, C] int64 (0 where invalid)
@@ -117,32 +117,40 @@ class _Walk(NamedTuple):
 
 
 def _walk_siblings(rule: str, node: _Node, u: torch.Tensor) -> _Walk:
-    """Try the siblings of every row's current node in order. u [B, C] float64 uniforms."""
+    """Try the siblings of every row's current node in order. u [B, C] float64 uniforms.
+
+    Vectorised over the siblings: what rejecting a sibling removes never depends on the mass left before
+    it (true of every rule in ``_STEP``), so the masses left are an exclusive cumulative sum, the reach
+    probabilities an exclusive cumulative product, and the accepted sibling the first that passes.
+    """
     bsz, n_sib = node.sib_node.shape
     dev = node.sib_node.device
-    rem = torch.ones(bsz, dtype=torch.float64, device=dev)
-    reach = torch.ones_like(rem)
-    pick = torch.full((bsz,), -1, dtype=torch.long, device=dev)
-    pick_relaxed = torch.zeros(bsz, dtype=torch.bool, device=dev)
-    p_s = node.logp_s.exp()
+    if n_sib == 0:
+        ones = torch.ones(bsz, dtype=torch.float64, device=dev)
+        empty = ones.new_zeros(bsz, 0)
+        none = torch.full((bsz,), -1, dtype=torch.long, device=dev)
+        return _Walk(empty, empty, empty, ones, ones, none, torch.zeros(bsz, dtype=torch.bool, device=dev))
+    step = _STEP[rule]
+    valid = node.sib_valid
+    p_s = node.logp_s.exp()  # [B, C]
     in_top2 = (node.sib_tok == node.t1.unsqueeze(1)) | (node.sib_tok == node.t2.unsqueeze(1))
-    cols_a, cols_reach, cols_removed = [], [], []
-    for k in range(n_sib):
-        valid = node.sib_valid[:, k]
-        sib = _Sibling(p_s[:, k], node.q_s[:, k], in_top2[:, k], node.relax, rem, u[:, k])
-        passed, margin, a, removed = _STEP[rule](sib)
-        a = torch.where(valid, a, 0.0)
-        removed = torch.where(valid, removed, 0.0)
-        take = valid & (pick < 0) & (passed | margin)
-        pick = torch.where(take, k, pick)
-        pick_relaxed = pick_relaxed | (take & ~passed)
-        cols_a.append(a)
-        cols_reach.append(reach)
-        cols_removed.append(removed)
-        reach = reach * (1 - a)
-        rem = rem - removed
-    stack = (lambda cols: torch.stack(cols, 1)) if n_sib else (lambda cols: rem.new_zeros(bsz, 0))
-    return _Walk(stack(cols_a), stack(cols_reach), stack(cols_removed), reach, rem, pick, pick_relaxed)
+    relax = node.relax.unsqueeze(1).expand(bsz, n_sib)
+
+    def sibling(rem: torch.Tensor) -> _Sibling:
+        return _Sibling(p_s, node.q_s, in_top2, relax, rem, u)
+
+    removed = torch.where(valid, step(sibling(torch.ones_like(p_s)))[3], 0.0)  # [B, C]
+    rem = 1 - (removed.cumsum(1) - removed)  # mass left when each sibling is tried
+    passed, margin, a, _ = step(sibling(rem))
+    a = torch.where(valid, a, 0.0)
+    keep = (1 - a).cumprod(1)  # [B, C] probability that siblings 1..k are all rejected
+    reach = torch.cat([torch.ones_like(keep[:, :1]), keep[:, :-1]], 1)
+    take = valid & (passed | margin)
+    first = take.long().argmax(1)  # the first sibling that is taken (0 when none is)
+    found = take.any(1)
+    pick = torch.where(found, first, -1)
+    pick_relaxed = found & ~passed.gather(1, first.unsqueeze(1)).squeeze(1)
+    return _Walk(a, reach, removed, keep[:, -1], 1 - removed.sum(1), pick, pick_relaxed)
 
 
 def verify_tree(
@@ -197,9 +205,13 @@ def verify_tree(
     raise_on_flags(flags)
 
     # --- tree structure: depth of every node, and a [B, N+1, C] children table ---
-    depth = torch.zeros(bsz, n1, dtype=torch.long, device=dev)  # by logits row; the root has depth 0
-    for i in range(n):  # parents come first, so one pass settles every depth
-        depth[:, i + 1] = depth.gather(1, slot[:, i : i + 1]).squeeze(1) + 1
+    # depth by pointer jumping (list ranking): after r rounds ``up`` is each row's 2^r-th ancestor and
+    # ``depth`` counts the levels passed; log2(N + 1) rounds reach the root from any node
+    depth = torch.ones(bsz, n1, dtype=torch.long, device=dev)  # by logits row; the root has depth 0
+    depth[:, 0] = 0
+    up = torch.cat([torch.zeros(bsz, 1, dtype=torch.long, device=dev), slot], 1)  # [B, N+1], root -> root
+    for _ in range(n1.bit_length()):
+        depth, up = depth + depth.gather(1, up), up.gather(1, up)
     member = F.one_hot(slot, n1) * valid.unsqueeze(-1)  # [B, N, N+1]
     rank = (member.cumsum(1) * member).sum(-1) - 1  # [B, N] position among its siblings
     max_children, max_depth = torch.stack([member.sum(1).max(), (depth[:, 1:] * valid).max()]).tolist()
@@ -218,21 +230,35 @@ def verify_tree(
     )
     rows = torch.arange(bsz, device=dev)
 
+    # the target's distribution at every node at once ([B, N+1] positions), and the log-probability of
+    # each node's children there ([B, N+1, C]); each level below only gathers its rows
+    d = target_dist(z, temperature, top_k, top_p)
+    ratio_all = margin_ratio(d.z1, d.z2)
+    relax_all = ratio_all > theta if rule_eff == "mars_code" else relaxable(d.z1, ratio_all, theta)
+    child_tok = tree_tokens.gather(1, children.clamp(min=0).view(bsz, -1)).view_as(children).clamp(min=0)
+    logp_children = dist_logp_at(
+        d, (rows.view(bsz, 1, 1), torch.arange(n1, device=dev).view(1, n1, 1)), child_tok
+    )
+
     def at_node(cur: torch.Tensor) -> _Node:
-        d = target_dist(z[rows, cur], temperature, top_k, top_p)  # positions [B]
-        ratio = margin_ratio(d.z1, d.z2)
-        relax = ratio > theta if rule_eff == "mars_code" else relaxable(d.z1, ratio, theta)
         sib_node = children[rows, cur]  # [B, C]
-        sib_valid = sib_node >= 0
-        sib_tok = tree_tokens.gather(1, sib_node.clamp(min=0)).clamp(min=0)
-        logp_s = (
-            torch.stack([dist_logp(d, tok) for tok in sib_tok.unbind(1)], 1)
-            if max_children
-            else (torch.zeros(bsz, 0, dtype=torch.float64, device=dev))
+        q_s = (
+            q_nodes.gather(1, sib_node.clamp(min=0))
+            if q_nodes is not None
+            else torch.ones(bsz, max_children, dtype=torch.float64, device=dev)
         )
-        p_row = None if greedy else dist_probs(d, (rows,))
-        q_s = q_nodes.gather(1, sib_node.clamp(min=0)) if q_nodes is not None else torch.ones_like(logp_s)
-        return _Node(d.t1, d.t2, d.z1, ratio, relax, p_row, sib_node, sib_valid, sib_tok, logp_s, q_s)
+        return _Node(
+            d.t1[rows, cur],
+            d.t2[rows, cur],
+            d.z1[rows, cur],
+            ratio_all[rows, cur],
+            relax_all[rows, cur],
+            sib_node,
+            sib_node >= 0,
+            child_tok[rows, cur],
+            logp_children[rows, cur],
+            q_s,
+        )
 
     width = max_depth + 1
     tokens = torch.full((bsz, width), -1, dtype=torch.long, device=dev)
@@ -280,10 +306,11 @@ def verify_tree(
         w_y_frac = torch.ones(bsz, dtype=torch.float64, device=dev)
         logp_y = torch.zeros_like(w_y_frac)
     else:
-        w = node.p_row.double().scatter_add(1, node.sib_tok, -walk.removed).clamp_min(0)  # [B, V]
+        p_row = dist_probs(d, (rows, cur))  # [B, V] the sampling distribution where each path stopped
+        w = p_row.double().scatter_add(1, node.sib_tok, -walk.removed).clamp_min(0)  # [B, V]
         y = sample_from_weights(w, u[:, -1])
         w_y_frac = w.gather(1, y.unsqueeze(1)).squeeze(1) / w.sum(1).clamp_min(1e-300)
-        logp_y = node.p_row.gather(1, y.unsqueeze(1)).squeeze(1).double().log()
+        logp_y = p_row.gather(1, y.unsqueeze(1)).squeeze(1).double().log()
     via_sibling = ((node.sib_tok == y.unsqueeze(1)) & node.sib_valid) * walk.reach * walk.a
     b = via_sibling.sum(1) + walk.reach_end * w_y_frac
     code = torch.where(has_children, int(Provenance.RESAMPLED), int(Provenance.BONUS)).to(torch.int8)
