@@ -106,7 +106,7 @@ class TTTBlocks:
     Step j's query row t sees block 0's keys s <= t that are real (``key_valid``; always its own) and
     row t of blocks 1..j: causal over the first block plus the diagonal of every later one.  Rather than
     a dense [T, (j+1)*T] score matrix that is mostly masked, block 0 gives a [T, T] matrix and every later
-    block one score per row (an elementwise product), so a step costs O(T^2 + jT), not O(jT^2).  The
+    block one score per row (a batched dot product), so a step costs O(T^2 + jT), not O(jT^2).  The
     result equals ``attend`` with the dense mask ``marsrl.drafter.train.ttt_attention_mask`` (tested).
 
     key_valid: [B, T] bool real tokens.

@@ -109,7 +109,7 @@ def draft_tree(eagle, cfg: TreeConfig, dtype: torch.dtype) -> DraftTree:
     depth = depth_all.gather(1, chosen)
     node_probs = torch.cat(cand_logp, 1).gather(1, chosen).exp()
 
-    ancestors = ancestor_sets(parents, cfg.depth)
+    ancestors = ancestor_sets(parents, cfg.depth + 1)  # node depths run 1 .. depth + 1
     return DraftTree(tokens, parents, depth, ancestors, node_probs, forwards)
 
 

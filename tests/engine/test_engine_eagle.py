@@ -76,3 +76,35 @@ def test_ancestor_sets_equal_a_walk_up_the_parents():
             assert set(sets[b, i].nonzero().flatten().tolist()) == want, (b, i)
     # a bound below the deepest node misses its farthest ancestors
     assert not torch.equal(ancestor_sets(parents, int(depth.max()) - 1), sets)
+
+
+def test_drafted_trees_carry_every_ancestor(target, monkeypatch):
+    """Every tree the engine drafts (top_k 4, depth 5: nodes down to depth 6) masks each node to exactly
+    its ancestors and the root, as walking its parents says — the deepest level included."""
+    import marsrl.engine.engine as engine_mod
+
+    trees = []
+    real = engine_mod.draft_tree
+
+    def capture(*args, **kwargs):
+        trees.append(real(*args, **kwargs))
+        return trees[-1]
+
+    monkeypatch.setattr(engine_mod, "draft_tree", capture)
+    head = Eagle3Drafter.from_target(target)
+    with torch.no_grad():  # a confident head: its best-scored nodes run deep, down to depth 6
+        head.lm_head.weight.mul_(40.0)
+    SpeculativeEngine(target, head, CONFIGS["tree_4x5"]).generate(
+        PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=8, seed=2)
+    )
+    assert trees and max(int(t.depth.max()) for t in trees) == 6
+    for tree in trees:
+        bsz, n = tree.parents.shape
+        for b in range(bsz):
+            for i in range(n):
+                want = {0, i + 1}
+                node = int(tree.parents[b, i])
+                while node >= 0:
+                    want.add(node + 1)
+                    node = int(tree.parents[b, node])
+                assert set(tree.ancestors[b, i + 1].nonzero().flatten().tolist()) == want
