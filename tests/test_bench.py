@@ -87,3 +87,16 @@ def test_tinyworld_bench_paired_difference_by_hand():
     # d = (1, 0, 0, 0): mean 0.25, sample std 0.5, half width 1.96 * 0.5 / 2
     assert diff["mean"] == 0.25 and diff["n"] == 4
     assert abs(diff["ci95"][0] - (0.25 - 0.49)) < 1e-12 and abs(diff["ci95"][1] - (0.25 + 0.49)) < 1e-12
+
+
+def test_round_bench_on_micro_accounts_for_the_round(capsys):
+    bench = _load_bench("round")
+    for extra in ([], ["--tree", "2", "2", "5"]):
+        out = bench.main(["--preset", "micro", "--prompts", "2", "--batch", "2", *extra])
+        parts = out["ms_per_round"]
+        assert out["rounds"] > 0 and out["tau"] >= 1
+        assert 0 < parts["draft_absorb"] < parts["draft"]
+        assert parts["target_forward"] > 0 and parts["verify"] > 0
+        assert parts["target_forward"] + parts["draft"] + parts["verify"] <= parts["round"]
+        assert out["hf_single_token_step_ms"] > 0
+    assert '"ms_per_round"' in capsys.readouterr().out

@@ -107,8 +107,8 @@ PRESETS: dict[str, TinyWorldConfig] = {
         num_kv_heads=2,
         intermediate_size=384,
         sft=SFTConfig(steps=900, batch_size=16, lr=3e-3, warmup=30),
-        # the head was the bottleneck: at T=1, 96 TTT steps on 512 responses gave tau 2.5 (K=7 chain),
-        # 320 steps on 1024 gave 4.0 (lr 1.5e-3) / 4.3 (lr 3e-3), measured on this target
+        # the head was the bottleneck: 96 TTT steps on 512 responses gave tau 2.1 at T=1 (chain K=7,
+        # bench/tinyworld.py), these 320 steps on 1,024 give 4.1
         n_draft_prompts=1024,
         draft_vocab_size=320,
         draft_epochs=5,
