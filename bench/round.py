@@ -117,8 +117,9 @@ def main(argv=None) -> dict:
     per_round = {key: totals[key] / rounds * 1e3 for key in keys}
     per_round["other"] = per_round["round"] - sum(per_round[k] for k in ("target_forward", "draft", "verify"))
     hf_ms = hf_step_ms(target, prompts[0])
-    n_steps = args.k if tree is None else tree.depth
-    draft_step_ms = (per_round["draft"] - per_round["draft_absorb"]) / max(n_steps - 1, 1)
+    # drafter forwards after the absorb: K - 1 for a chain (the absorb gives the first draft); depth, tree
+    n_steps = args.k - 1 if tree is None else tree.depth
+    draft_step_ms = (per_round["draft"] - per_round["draft_absorb"]) / max(n_steps, 1)
     out = {
         "bench": "round",
         "preset": args.preset,

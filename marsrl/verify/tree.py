@@ -219,7 +219,6 @@ def verify_tree(
     b_idx, n_idx = valid.nonzero(as_tuple=True)
     children[b_idx, slot[b_idx, n_idx], rank[b_idx, n_idx]] = n_idx
     children = children[:, :, :max_children]
-    q_nodes = draft_probs.double() if draft_probs is not None else None
 
     u = (
         torch.zeros(bsz, max_depth * max_children + 1, dtype=torch.float64, device=dev)
@@ -239,14 +238,14 @@ def verify_tree(
     logp_children = dist_logp_at(
         d, (rows.view(bsz, 1, 1), torch.arange(n1, device=dev).view(1, n1, 1)), child_tok
     )
+    q_children = (  # the draft's probability of each child (mars_code reads it; 1 when not given)
+        draft_probs.double().gather(1, children.clamp(min=0).view(bsz, -1)).view_as(children)
+        if draft_probs is not None
+        else torch.ones(children.shape, dtype=torch.float64, device=dev)
+    )
 
     def at_node(cur: torch.Tensor) -> _Node:
         sib_node = children[rows, cur]  # [B, C]
-        q_s = (
-            q_nodes.gather(1, sib_node.clamp(min=0))
-            if q_nodes is not None
-            else torch.ones(bsz, max_children, dtype=torch.float64, device=dev)
-        )
         return _Node(
             d.t1[rows, cur],
             d.t2[rows, cur],
@@ -257,7 +256,7 @@ def verify_tree(
             sib_node >= 0,
             child_tok[rows, cur],
             logp_children[rows, cur],
-            q_s,
+            q_children[rows, cur],
         )
 
     width = max_depth + 1
