@@ -23,31 +23,16 @@ import sys
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, Qwen3Config
 
 from marsrl.engine import SamplingParams
 from marsrl.rollout import PoolConfig, RolloutPool, RolloutWorker, WorkerConfig, plan_requests
+from marsrl.testing import tiny_causal_lm
 
 
 def build_target(seed: int, layers: int, hidden: int, vocab: int):
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden // 4,
-        max_position_embeddings=2048,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=None,
+    return tiny_causal_lm(
+        vocab=vocab, hidden=hidden, layers=layers, seed=seed, max_positions=2048, lm_head_scale=4.0
     )
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(4.0)
-    return model
 
 
 def timed(fn, repeats: int) -> tuple[float, object]:

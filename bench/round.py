@@ -3,11 +3,14 @@
     python bench/round.py                          # default world, chain K = 7, strict, T = 1, batch 1
     python bench/round.py --tree 4 5 24 --batch 8
     python bench/round.py --preset micro --prompts 4
+    python bench/round.py --draft-confidence 0.3     # chains stop early where the head is unsure
 
 Wraps (for this process only) the target forward, the draft (chain or tree, with the drafter's first
 "absorb" forward shown apart), the verification, and times one HF single-token decode step on the same
-target for scale.  Reports milliseconds per round (per call for the HF step), tau, and the draft step's
-cost as a fraction of the HF step.  The timers add a few microseconds per call; read the proportions.
+target for scale.  Reports milliseconds per round (per call for the HF step), tau, the draft step's
+cost as a fraction of the HF step, and a ceiling: tau * HF step / target forward, the speed-up over
+single-token decoding if drafting and verification cost nothing.  The timers add a few microseconds per
+call; read the proportions.
 Prints one JSON object.
 """
 
@@ -78,6 +81,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--rule", default="strict", choices=["strict", "mars", "mars_code"])
     ap.add_argument("--k", type=int, default=7, help="chain draft length (ignored with --tree)")
     ap.add_argument("--tree", type=int, nargs=3, default=None, metavar=("TOP_K", "DEPTH", "TOTAL"))
+    ap.add_argument("--draft-confidence", type=float, default=0.0, help="EngineConfig.draft_confidence")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--temperature", type=float, default=1.0)
@@ -91,7 +95,13 @@ def main(argv=None) -> dict:
     cfg = PRESETS[args.preset]
     prompts = [chat_prompt_ids(tok, p["question"]) for p in heldout_problems(cfg, args.prompts)]
     tree = TreeConfig(*args.tree) if args.tree else None
-    engine = SpeculativeEngine(target, head, EngineConfig(rule=args.rule, num_draft_tokens=args.k, tree=tree))
+    engine = SpeculativeEngine(
+        target,
+        head,
+        EngineConfig(
+            rule=args.rule, num_draft_tokens=args.k, tree=tree, draft_confidence=args.draft_confidence
+        ),
+    )
     sp = SamplingParams(
         temperature=args.temperature, max_new_tokens=cfg.max_new_tokens, eos_token_id=tok.eos_token_id, seed=1
     )
@@ -101,6 +111,7 @@ def main(argv=None) -> dict:
         (engine_mod.SpeculativeEngine, "_target_hidden", "target_forward"),
         (engine_mod, "draft_tree", "draft") if tree else (engine_mod._EagleState, "draft_chain", "draft"),
         (engine_mod._EagleState, "absorb", "draft_absorb"),
+        (engine_mod._EagleState, "step", "draft_step"),
         (engine_mod, "verify_tree" if tree else "verify_chain", "verify"),
     ]
     row_rounds = row_tokens = 0
@@ -117,9 +128,10 @@ def main(argv=None) -> dict:
     per_round = {key: totals[key] / rounds * 1e3 for key in keys}
     per_round["other"] = per_round["round"] - sum(per_round[k] for k in ("target_forward", "draft", "verify"))
     hf_ms = hf_step_ms(target, prompts[0])
-    # drafter forwards after the absorb: K - 1 for a chain (the absorb gives the first draft); depth, tree
-    n_steps = args.k - 1 if tree is None else tree.depth
-    draft_step_ms = (per_round["draft"] - per_round["draft_absorb"]) / max(n_steps, 1)
+    # drafter forwards after the absorb: a tree's depth; a chain's as counted (K - 1 unless it stops early)
+    steps_per_round = tree.depth if tree is not None else calls["draft_step"] / rounds
+    draft_step_ms = (per_round["draft"] - per_round["draft_absorb"]) / max(steps_per_round, 1e-9)
+    tau = row_tokens / max(row_rounds, 1)
     out = {
         "bench": "round",
         "preset": args.preset,
@@ -128,12 +140,18 @@ def main(argv=None) -> dict:
         "batch": args.batch,
         "temperature": args.temperature,
         "rounds": rounds,
-        "tau": row_tokens / max(row_rounds, 1),
+        "draft_confidence": args.draft_confidence,
+        "tau": tau,
+        "draft_steps_per_round": steps_per_round,
         "ms_per_round": per_round,
         "hf_single_token_step_ms": hf_ms,
         "draft_step_ms": draft_step_ms,
         "draft_step_over_hf_step": draft_step_ms / hf_ms,
         "target_forward_over_hf_step": per_round["target_forward"] / hf_ms,
+        "ceiling_free_draft_over_hf_step": row_tokens
+        / max(row_rounds, 1)
+        * hf_ms
+        / per_round["target_forward"],
     }
     json.dump(out, sys.stdout, indent=2)
     print()

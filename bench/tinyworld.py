@@ -2,12 +2,15 @@
 
     python bench/tinyworld.py                      # builds (or reuses) the default preset
     python bench/tinyworld.py --preset micro --n-accuracy 100 --n-tau 32
+    python bench/tinyworld.py --accuracy-seeds 1 2 3 4   # the mars - strict difference over 4 seeds
 
 Accuracy: held-out problems (another seed than training, always two steps), strict and mars rollouts at
-T = 1 with chain K = 7, with a 95% Wilson interval.  tau: mean tokens per target forward, chain K = 7
-and the dynamic tree, T = 1 and T = 0.  Speed: tokens/s of marsrl strict / mars (chain K = 7 and 3)
-against HF ``generate`` at batch 1 and 8 on the same prompts, interleaved, medians of repeated runs
-(``speed_table``).  Prints one JSON object.
+T = 1 with chain K = 7, with a 95% Wilson interval, and the paired mars - strict difference (with several
+``--accuracy-seeds``, also pooled: per problem the mean over seeds, so problems stay the units).
+tau: mean tokens per target forward, chain K = 7 and the dynamic tree, T = 1 and T = 0.  Speed:
+tokens/s of marsrl strict / mars (chain K = 7 and 3, K = 7 stopping early below a draft confidence, the
+tree) against HF ``generate`` at batch 1 and 8 on the same prompts, interleaved, medians of repeated
+runs (``speed_table``).  Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -53,11 +56,20 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="default", choices=sorted(PRESETS))
     ap.add_argument("--n-accuracy", type=int, default=1000, help="held-out problems for accuracy")
+    ap.add_argument(
+        "--accuracy-seeds",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="sampling seeds of the accuracy runs; the first gives the headline figures, all of them the "
+        "pooled mars - strict difference",
+    )
     ap.add_argument("--n-tau", type=int, default=200, help="problems for each tau / speed measurement")
     ap.add_argument("--theta", type=float, default=0.9)
     ap.add_argument("--tree", type=int, nargs=3, default=[4, 5, 24], metavar=("TOP_K", "DEPTH", "TOTAL"))
     ap.add_argument("--speed-prompts", type=int, default=16, help="prompts for the tokens/s comparison")
     ap.add_argument("--speed-reps", type=int, default=3, help="interleaved repetitions of each speed run")
+    ap.add_argument("--draft-confidence", type=float, default=0.3, help="the k7c speed rows' confidence")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -73,41 +85,58 @@ def main(argv=None) -> dict:
     prompts = [chat_prompt_ids(tok, p["question"]) for p in problems]
     out: dict = {"bench": "tinyworld", "preset": args.preset, "path": str(path), "theta": args.theta}
 
-    def run(rule: str, n: int, temperature: float, tree: TreeConfig | None = None, k: int = 7, drafter=head):
+    def run(rule: str, n: int, temperature: float, tree: TreeConfig | None = None, seed: int = 1):
         eng = SpeculativeEngine(
-            target, drafter, EngineConfig(rule=rule, theta=args.theta, num_draft_tokens=k, tree=tree)
+            target, head, EngineConfig(rule=rule, theta=args.theta, num_draft_tokens=7, tree=tree)
         )
         sp = SamplingParams(
-            temperature=temperature, max_new_tokens=cfg.max_new_tokens, eos_token_id=eos, seed=1
+            temperature=temperature, max_new_tokens=cfg.max_new_tokens, eos_token_id=eos, seed=seed
         )
         start = time.perf_counter()
         trajs = eng.generate(prompts[:n], sp)
         return trajs, eng.stats, time.perf_counter() - start
 
-    # accuracy, strict vs mars (T = 1, chain K = 7) and the per-token facts of the strict run
-    acc, outcomes = {}, {}
-    for rule in ("strict", "mars"):
-        trajs, stats, wall = run(rule, args.n_accuracy, 1.0)
-        hits = [
-            score(tok.decode(t.completion_ids, skip_special_tokens=True), p["gold"])
-            for t, p in zip(trajs, problems, strict=True)
-        ]
-        k = int(sum(hits))
-        outcomes[rule] = torch.tensor(hits, dtype=torch.float64)
-        ratios = torch.tensor([r for t in trajs for r in t.logit_ratio])
-        acc[rule] = {
-            "accuracy": k / len(hits),
-            "ci95": wilson(k, len(hits)),
-            "n": len(hits),
-            "tau": stats["tau"],
-            "relaxed_frac": stats["relaxed"] / max(stats["tokens"], 1),
-            "share_ratio_gt_0.9": (ratios > 0.9).double().mean().item(),
-            "tokens_per_s": stats["tokens"] / wall,
+    # accuracy, strict vs mars (T = 1, chain K = 7) and the per-token facts of the first seed's runs
+    acc: dict = {}
+    outcomes: dict[str, list[torch.Tensor]] = {"strict": [], "mars": []}
+    per_seed = []
+    for seed in args.accuracy_seeds:
+        row = {"seed": seed}
+        for rule in ("strict", "mars"):
+            trajs, stats, wall = run(rule, args.n_accuracy, 1.0, seed=seed)
+            hits = [
+                score(tok.decode(t.completion_ids, skip_special_tokens=True), p["gold"])
+                for t, p in zip(trajs, problems, strict=True)
+            ]
+            k = int(sum(hits))
+            outcomes[rule].append(torch.tensor(hits, dtype=torch.float64))
+            row[rule] = k / len(hits)
+            row[f"{rule}_ci95"] = wilson(k, len(hits))
+            if rule not in acc:
+                ratios = torch.tensor([r for t in trajs for r in t.logit_ratio])
+                acc[rule] = {
+                    "accuracy": k / len(hits),
+                    "ci95": wilson(k, len(hits)),
+                    "n": len(hits),
+                    "seed": seed,
+                    "tau": stats["tau"],
+                    "relaxed_frac": stats["relaxed"] / max(stats["tokens"], 1),
+                    "share_ratio_gt_0.9": (ratios > 0.9).double().mean().item(),
+                    "tokens_per_s": stats["tokens"] / wall,
+                }
+        row["mars_inside_strict_ci95"] = row["strict_ci95"][0] <= row["mars"] <= row["strict_ci95"][1]
+        per_seed.append(row)
+    acc["mars_inside_strict_ci95"] = per_seed[0]["mars_inside_strict_ci95"]
+    acc["mars_minus_strict"] = paired_difference(outcomes["mars"][0], outcomes["strict"][0])
+    if len(per_seed) > 1:
+        # per problem, the mean over seeds (problems are the independent units: the seeds share them)
+        acc["mars_minus_strict_pooled"] = {
+            **paired_difference(
+                torch.stack(outcomes["mars"]).mean(0), torch.stack(outcomes["strict"]).mean(0)
+            ),
+            "seeds": len(per_seed),
         }
-    acc["mars_inside_strict_ci95"] = (
-        acc["strict"]["ci95"][0] <= acc["mars"]["accuracy"] <= acc["strict"]["ci95"][1]
-    )
-    acc["mars_minus_strict"] = paired_difference(outcomes["mars"], outcomes["strict"])
+    acc["per_seed"] = per_seed
     out["accuracy_T1_chain_k7"] = acc
 
     tau = {}
@@ -142,14 +171,16 @@ def hf_generated(out: torch.Tensor, width: int, eos: int) -> int:
 
 
 def speed_table(target, head, tok, prompts, max_new_tokens: int, args) -> dict:
-    """tokens/s of HF ``generate`` and marsrl (chain K = 7, chain K = 3 and the ``--tree``; strict and
-    mars) at T = 1 on the same prompts: batch 1 runs them one by one, batch 8 in batches of 8 (left-padded
-    for HF).  Each system runs ``--speed-reps`` times, interleaved with the others (this machine is shared
-    and noisy); the figure is the median, and each ratio divides two medians of the same run."""
+    """tokens/s of HF ``generate`` and marsrl (chain K = 7, K = 3, K = 7 with ``--draft-confidence``
+    ("k7c") and the ``--tree``; strict and mars) at T = 1 on the same prompts: batch 1 runs them one by
+    one, batch 8 in batches of 8 (left-padded for HF).  Each system runs ``--speed-reps`` times,
+    interleaved with the others (this machine is shared and noisy); the figure is the median, and each
+    ratio divides two medians of the same run."""
     eos, pad = tok.eos_token_id, tok.pad_token_id
     shapes = {
         "k7": dict(num_draft_tokens=7),
         "k3": dict(num_draft_tokens=3),
+        "k7c": dict(num_draft_tokens=7, draft_confidence=args.draft_confidence),
         "tree": dict(tree=TreeConfig(*args.tree)),
     }
     engines = {

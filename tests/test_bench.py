@@ -65,17 +65,24 @@ def test_tinyworld_bench_prints_json_on_micro():
         "8",
         "--speed-reps",
         "1",
+        "--accuracy-seeds",
+        "1",
+        "2",
     ]
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     out = json.loads(res.stdout)
     acc = out["accuracy_T1_chain_k7"]
     assert acc["strict"]["n"] == 8 and 0 <= acc["strict"]["accuracy"] <= 1
     assert acc["mars_minus_strict"]["n"] == 8
+    assert acc["mars_minus_strict_pooled"]["seeds"] == 2 and acc["mars_minus_strict_pooled"]["n"] == 8
+    assert [row["seed"] for row in acc["per_seed"]] == [1, 2]
+    assert acc["mars_inside_strict_ci95"] == acc["per_seed"][0]["mars_inside_strict_ci95"]
     assert {"chain_k7_T1_strict", "tree_T0_mars", "chain_k7_T1_mars_over_strict"} <= set(out["tau"])
     for batch in ("batch_1", "batch_8"):
         row = out["speed"][batch]
         assert row["hf_tokens_per_s"] > 0 and row["strict_k7_ratio_to_hf"] > 0
         assert row["mars_over_strict_k3"] > 0 and row["mars_tree_ratio_to_hf"] > 0
+        assert row["strict_k7c_ratio_to_hf"] > 0
 
 
 def test_tinyworld_bench_paired_difference_by_hand():
@@ -91,10 +98,14 @@ def test_tinyworld_bench_paired_difference_by_hand():
 
 def test_round_bench_on_micro_accounts_for_the_round(capsys):
     bench = _load_bench("round")
-    for extra in ([], ["--tree", "2", "2", "5"]):
+    for extra in ([], ["--tree", "2", "2", "5"], ["--draft-confidence", "0.5"]):
         out = bench.main(["--preset", "micro", "--prompts", "2", "--batch", "2", *extra])
         parts = out["ms_per_round"]
         assert out["rounds"] > 0 and out["tau"] >= 1
+        full = 2 if extra[:1] == ["--tree"] else 6  # drafter steps after the absorb: depth, or K - 1
+        assert 0 <= out["draft_steps_per_round"] <= full
+        assert (out["draft_steps_per_round"] < full) == (extra[:1] == ["--draft-confidence"])
+        assert out["ceiling_free_draft_over_hf_step"] > 0
         assert 0 < parts["draft_absorb"] < parts["draft"]
         assert parts["target_forward"] > 0 and parts["verify"] > 0
         assert parts["target_forward"] + parts["draft"] + parts["verify"] <= parts["round"]

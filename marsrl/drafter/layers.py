@@ -40,19 +40,20 @@ def rope_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin tables [B, T, head_dim] float32 for integer positions [B, T] (Llama's layout:
     frequency i at columns i and i + head_dim/2).  No clamping to any maximum length."""
-    inv_freq = _inv_freq(head_dim, float(theta), position_ids.device)  # [hd/2]
-    freqs = position_ids.float().unsqueeze(-1) * inv_freq  # [B, T, hd/2]
-    angles = torch.cat([freqs, freqs], dim=-1)  # [B, T, hd]
+    inv_freq = _inv_freq(head_dim, float(theta), position_ids.device)  # [hd]: each frequency twice
+    angles = position_ids.float().unsqueeze(-1) * inv_freq  # [B, T, hd]
     return angles.cos(), angles.sin()
 
 
 @functools.lru_cache(maxsize=16)
 def _inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
-    """theta ** (-2i / head_dim) for i < head_dim / 2, float32 (cached: one per head shape and device;
-    made outside inference mode so a table first built while generating also serves training)."""
+    """theta ** (-2i / head_dim) for i < head_dim / 2, laid out twice ([f, f], Llama's columns i and
+    i + hd/2), float32 (cached: one per head shape and device; made outside inference mode so a table
+    first built while generating also serves training)."""
     with torch.inference_mode(False):
         exponent = torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
-        return 1.0 / (theta**exponent)
+        freqs = 1.0 / (theta**exponent)
+        return torch.cat([freqs, freqs])
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,12 @@ class EngineConfig:
 
     rule: Rule = "strict"  # "strict" (lossless) | "mars" | "mars_code"; lossy rules must be asked for
     theta: float = DEFAULT_THETA  # MARS margin threshold on z2/z1
-    num_draft_tokens: int = 7  # K for chain drafting
+    num_draft_tokens: int = 7  # K for chain drafting (the most drafts a round can verify)
+    # chain drafting stops early for a row once the draft's own probability of its chain so far (the
+    # product of its per-token probabilities) falls below this; the row still verifies the token drafted
+    # last.  0 = always K drafts.  Only for an EAGLE-3 chain; the draft's confidence never touches the
+    # acceptance test, so strict stays lossless at any value.
+    draft_confidence: float = 0.0
     tree: TreeConfig | None = None  # None: chain drafting; else a dynamic tree
     draft_sampling: Literal["greedy", "sample"] = "greedy"  # EAGLE proposes its argmax; "sample": x ~ q
     max_batch_size: int = 64  # sequences decoded together; larger requests run in successive batches
@@ -45,6 +50,10 @@ class EngineConfig:
             raise ValueError(f"theta must be >= 0, got {self.theta}")
         if self.num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+        if not 0.0 <= self.draft_confidence < 1.0:
+            raise ValueError(f"draft_confidence must be in [0, 1), got {self.draft_confidence}")
+        if self.tree is not None and self.draft_confidence > 0:
+            raise ValueError("draft_confidence stops chain drafting early; a tree sizes itself (set it to 0)")
         if self.draft_sampling not in ("greedy", "sample"):
             raise ValueError(f"draft_sampling must be 'greedy' or 'sample', got {self.draft_sampling!r}")
         if self.tree is not None and self.draft_sampling != "greedy":

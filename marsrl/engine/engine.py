@@ -18,6 +18,7 @@ sliding window is shorter than prompt + completion is refused), continuous batch
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -99,6 +100,8 @@ class SpeculativeEngine:
                 )
             FeatureTap(target, drafter.config.aux_layer_ids).remove()  # fails now if the taps do not fit
             self._eagle = _EagleState(drafter)
+        if self.config.draft_confidence > 0 and drafter is not None and self._eagle is None:
+            raise ValueError("draft_confidence needs an Eagle3Drafter (a propose() drafter reports none)")
         if self.config.tree is not None and drafter is not None and self._eagle is None:
             raise ValueError("tree drafting needs an Eagle3Drafter (a propose() drafter only drafts chains)")
         window = getattr(target.config, "sliding_window", None)
@@ -205,8 +208,12 @@ class SpeculativeEngine:
         if cfg.tree is not None:
             return self._tree_round(last, tcache, sampling, kw)
         k = cfg.num_draft_tokens
+        n_drafts = None  # per-row chain lengths when drafting stopped early for some rows
         if self._eagle is not None:
-            drafts, probs = self._eagle.draft_chain(k, sampling, cfg.draft_sampling, gen)
+            drafts, probs, n_drafts = self._eagle.draft_chain(
+                k, sampling, cfg.draft_sampling, gen, cfg.draft_confidence
+            )
+            k = drafts.shape[1]  # every row may have stopped before K
             n_forwards = k
         else:
             seqs = [r.prompt + r.tokens for r in rows]
@@ -218,12 +225,14 @@ class SpeculativeEngine:
         mask = tcache.attention_mask(causal, self._dtype)
         start = tcache.width
         hidden, feats = self._target_hidden(block, pos, mask, tcache)
-        res = verify_chain(self._lm_head(hidden), drafts, probs, rule=cfg.rule, theta=cfg.theta, **kw)
+        res = verify_chain(
+            self._lm_head(hidden), drafts, probs, rule=cfg.rule, theta=cfg.theta, num_drafts=n_drafts, **kw
+        )
         order = torch.arange(k + 1, device=dev).expand(bsz, k + 1)
         tcache.commit(start, order, res.num_emitted)
         if self._eagle is not None:
             self._eagle.pend(feats, res.tokens.clamp(min=0), res.num_emitted)
-        return res, k, n_forwards
+        return res, (n_drafts.tolist() if n_drafts is not None else k), n_forwards
 
     def _tree_round(self, last, tcache: RaggedCache, sampling: SamplingParams, kw):
         dev = self.device
@@ -281,17 +290,21 @@ class SpeculativeEngine:
         return self.target.lm_head(hidden).float()
 
     def _record(self, rows, res: VerifyResult, sampling, eos, totals, drafted) -> list[tuple[int, _Row]]:
-        """Append each row's emitted tokens until it finishes; returns the rows still active."""
+        """Append each row's emitted tokens until it finishes; returns the rows still active.
+
+        drafted: None for the prefill's token, else the drafts verified this round (an int for every
+        row, or a list with one count per row)."""
         host = {f: getattr(res, f).cpu().tolist() for f in ("tokens", "num_emitted", *_RESULT_FIELDS)}
         stop = set(sampling.stop_token_ids)
         active = []
         for b, row in enumerate(rows):
             n = host["num_emitted"][b]
             if drafted is not None:
+                n_drafted = drafted if isinstance(drafted, int) else drafted[b]
                 row.rounds += 1
-                row.drafted += drafted
+                row.drafted += n_drafted
                 totals["rounds"] += 1
-                totals["drafted"] += drafted
+                totals["drafted"] += n_drafted
                 totals["tokens_in_rounds"] += n
             for j in range(n):
                 tok = host["tokens"][b][j]
@@ -427,26 +440,57 @@ class _EagleState:
         pos = (self.cache.lengths + depth_offset).unsqueeze(1).expand(-1, m)
         return self.drafter(tokens, hidden, pos, self.cache.cache, mask)
 
-    def draft_chain(self, k: int, sampling: SamplingParams, mode: str, gen):
-        """K chain drafts per row: (tokens [B, K] target ids, draft_probs [B, K, V] or None)."""
+    def draft_chain(self, k: int, sampling: SamplingParams, mode: str, gen, confidence: float = 0.0):
+        """Up to K chain drafts per row: (tokens [B, K'] target ids, draft_probs [B, K', V] or None,
+        counts [B] or None).
+
+        With ``confidence`` > 0 a row stops once the draft's probability of its chain so far (greedy
+        drafts: the product of the head's top-token probabilities, softmax at the sampling temperature,
+        or at 1 when T = 0; sampled drafts: the product of q(x)) is below it: its count is the drafts up
+        to and including that token.  Drafting ends when every row has stopped (K' <= K, the most any
+        row kept); columns past a row's count are drafted in lockstep but are not part of its chain.
+        counts is None when off."""
         h, lg = self.absorb()
         committed = self.cache.width
         mask = self.cache.lockstep_mask(k, self.dtype)  # [B, 1, 1, committed + k], sliced per step
         temperature = sampling.temperature
         greedy = mode == "greedy" or temperature == 0
+        bsz = lg.shape[0]
+        if confidence > 0:
+            log_floor = math.log(confidence)
+            log_chain = torch.zeros(bsz, device=lg.device)  # log-probability of each row's chain so far
+            going = torch.ones(bsz, dtype=torch.bool, device=lg.device)
+            counts = torch.zeros(bsz, dtype=torch.long, device=lg.device)
         toks, probs = [], []
         for j in range(k):
-            if greedy:
+            if greedy and confidence > 0:
+                scaled = lg / temperature if temperature not in (0, 1) else lg
+                top, best = scaled.max(-1)
+                tok = self.drafter.target_token_ids[best]
+                tok_logp = top - scaled.logsumexp(-1)
+            elif greedy:
                 tok = self.drafter.target_token_ids[lg.argmax(-1)]
             else:
                 q = self.drafter.draft_logits_to_target_probs(lg, temperature).float()
                 u = torch.rand(q.shape[0], dtype=torch.float64, device=q.device, generator=gen)
                 tok = sample_from_weights(q, u)
                 probs.append(q)
+                if confidence > 0:
+                    tok_logp = q.gather(-1, tok.unsqueeze(-1)).squeeze(-1).log()
             toks.append(tok)
+            if confidence > 0:
+                counts += going  # token j belongs to every row still drafting
+                log_chain += tok_logp
+                going &= log_chain >= log_floor
+                if not bool(going.any()):  # one host sync per step
+                    break
             if j + 1 < k:
                 step_mask = mask[..., : committed + j + 1]
                 lgs, hs = self.step(tok.unsqueeze(1), h.unsqueeze(1), j, step_mask)
                 h, lg = hs[:, 0], lgs[:, 0]
         self.cache.crop(committed)  # drop the speculative entries
-        return torch.stack(toks, 1), (torch.stack(probs, 1) if probs else None)
+        return (
+            torch.stack(toks, 1),
+            (torch.stack(probs, 1) if probs else None),
+            (counts if confidence > 0 else None),
+        )

@@ -156,6 +156,7 @@ def verify_chain(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    num_drafts: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Verify one round of K drafted tokens per row.
 
@@ -169,6 +170,9 @@ def verify_chain(
         theta: margin threshold; theta >= 1 turns mars into strict.
         top_k, top_p: the target's sampling filters (None = off). The margin uses raw logits.
         generator: source of all randomness (None = torch's global generator).
+        num_drafts: [B] int, 0 <= n <= K: row b's chain is only its first n drafts (columns >= n are
+            ignored, whatever they hold); all accepted, its closing token is the bonus draw from p at
+            column n.  None: every row has K.  Lets a drafter stop early per row (draft confidence).
 
     Returns:
         VerifyResult, each field [B, K+1] (``num_emitted`` [B]); see ``types.VerifyResult``.
@@ -196,6 +200,13 @@ def verify_chain(
             (sums - 1).abs() <= tol
         ).all()
         flags["draft_probs has negative entries"] = draft_probs.amin() < 0
+    if num_drafts is not None:
+        if num_drafts.shape != (bsz,) or num_drafts.is_floating_point():
+            raise ValueError(f"num_drafts must be a [B] = [{bsz}] integer tensor, got {_shape(num_drafts)}")
+        num_drafts = num_drafts.to(device=dev, dtype=torch.long)
+        flags[f"num_drafts has values outside [0, {k}] (K = {k})"] = (
+            (num_drafts < 0) | (num_drafts > k)
+        ).any()
     raise_on_flags(flags)
 
     # Column K has no draft; give it a placeholder (t1) so every per-position tensor is [B, K+1].
@@ -222,11 +233,17 @@ def verify_chain(
         relax=relax[:, :k],
     )
     accept, relaxed = _ACCEPT[rule_eff](pos)  # [B, K] each
+    col_idx = torch.arange(k1, device=dev).unsqueeze(0)  # [1, K+1]
+    if num_drafts is None:
+        n_drafted = torch.full((bsz,), k, dtype=torch.long, device=dev)
+    else:
+        n_drafted = num_drafts
+        accept = accept & (col_idx[:, :k] < n_drafted.unsqueeze(1))
     n_acc = accept.long().cumprod(dim=1).sum(dim=1)  # [B] accepted drafts
     rows = torch.arange(bsz, device=dev)
 
-    # --- the closing token at column n_acc: residual after a rejection, or the bonus draw at K ---
-    closed_early = n_acc < k  # [B]
+    # --- the closing token at column n_acc: residual after a rejection, or the bonus draw ---
+    closed_early = n_acc < n_drafted  # [B]
     if greedy:
         y_close = t1[rows, n_acc]
     else:
@@ -238,7 +255,6 @@ def verify_chain(
         y_close = sample_from_weights(w, u[:, k])
 
     # --- the per-token record ---
-    col_idx = torch.arange(k1, device=dev).unsqueeze(0)  # [1, K+1]
     emitted = col_idx <= n_acc.unsqueeze(1)  # [B, K+1]
     is_close = col_idx == n_acc.unsqueeze(1)
     y = torch.where(is_close, y_close.unsqueeze(1), drafted)  # [B, K+1], valid where emitted
@@ -274,6 +290,8 @@ def verify_chain(
         relax=pos.relax,
     )
     behavior[:, :k] = _BEHAVIOR[rule_eff](probs, full_sum).clamp_min(0).log()
+    if num_drafts is not None:  # a bonus before column K (the row's chain was shorter): b = p there too
+        behavior[:, :k] = torch.where(col_idx[:, :k] < n_drafted.unsqueeze(1), behavior[:, :k], logp_y[:, :k])
 
     prov = torch.full((bsz, k1), int(Provenance.PAD), dtype=torch.int8, device=dev)
     acc_cols = col_idx[:, :k] < n_acc.unsqueeze(1)

@@ -432,26 +432,29 @@ def reference_verify_chain(
     top_k: int | None = None,
     top_p: float | None = None,
     uniforms: torch.Tensor | None = None,
+    num_drafts: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Verify a batch of draft chains one position at a time.
 
     target_logits [B, K+1, V]; draft_tokens [B, K]; draft_probs [B, K, V] (the draft's q, in the
     target vocabulary) or None for a greedy draft (q = one-hot on the drafted token);
-    uniforms [B, K+1] float64 (None allowed at T == 0).
+    uniforms [B, K+1] float64 (None allowed at T == 0); num_drafts [B] (None: K each): row b verifies
+    only its first num_drafts[b] drafts and, all accepted, draws its bonus at that column.
     """
     batch, k_plus_1, vocab = target_logits.shape
-    num_drafts = k_plus_1 - 1
-    if tuple(draft_tokens.shape) != (batch, num_drafts):
-        raise ValueError(f"draft_tokens must be [{batch}, {num_drafts}], got {tuple(draft_tokens.shape)}")
-    if draft_probs is not None and tuple(draft_probs.shape) != (batch, num_drafts, vocab):
-        raise ValueError(f"draft_probs must be [{batch}, {num_drafts}, {vocab}]")
-    _check_scalars(rule, temperature, uniforms, num_drafts + 1, batch)
+    k = k_plus_1 - 1
+    if tuple(draft_tokens.shape) != (batch, k):
+        raise ValueError(f"draft_tokens must be [{batch}, {k}], got {tuple(draft_tokens.shape)}")
+    if draft_probs is not None and tuple(draft_probs.shape) != (batch, k, vocab):
+        raise ValueError(f"draft_probs must be [{batch}, {k}, {vocab}]")
+    _check_scalars(rule, temperature, uniforms, k + 1, batch)
     u_rows = None if uniforms is None else uniforms.double().tolist()
 
-    out = _Record(batch, num_drafts + 1)
+    out = _Record(batch, k + 1)
+    lengths = [k] * batch if num_drafts is None else [int(n) for n in num_drafts]
     for b in range(batch):
-        closing_u = None if u_rows is None else u_rows[b][num_drafts]
-        for j in range(num_drafts):
+        closing_u = None if u_rows is None else u_rows[b][k]
+        for j in range(lengths[b]):
             pos = _position(target_logits[b, j], rule, temperature, theta, top_k, top_p)
             x = int(draft_tokens[b, j])
             if draft_probs is None:
@@ -471,10 +474,10 @@ def reference_verify_chain(
             out.emit(b, j, y, Provenance.RESAMPLED, pos, behavior)
             break
         else:
-            # Every draft accepted: the bonus token comes from p at the last position (b = p there).
-            pos = _position(target_logits[b, num_drafts], rule, temperature, theta, top_k, top_p)
+            # Every draft accepted: the bonus token comes from p after the last one (b = p there).
+            pos = _position(target_logits[b, lengths[b]], rule, temperature, theta, top_k, top_p)
             y = _draw(pos, pos.p, closing_u)
-            out.emit(b, num_drafts, y, Provenance.BONUS, pos, pos.p)
+            out.emit(b, lengths[b], y, Provenance.BONUS, pos, pos.p)
 
     return VerifyResult(
         tokens=out.tokens,

@@ -1,24 +1,26 @@
 """Tiny targets and heads shared by the drafter tests (no hub access: everything is built from configs)."""
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from marsrl.drafter import Eagle3Drafter
+from marsrl.testing import tiny_causal_lm
 
 V, H, L = 64, 32, 6
 
 
 def tiny_llama(vocab: int = V, hidden: int = H, layers: int = L, seed: int = 0):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+    """LlamaConfig's own special tokens and context (bos 1, eos 2, 2048), the default lm_head."""
+    return tiny_causal_lm(
+        "llama",
+        vocab=vocab,
+        hidden=hidden,
+        layers=layers,
+        seed=seed,
+        lm_head_scale=1.0,
+        max_positions=2048,
+        bos_token_id=1,
+        eos_token_id=2,
     )
-    return AutoModelForCausalLM.from_config(cfg).eval()
 
 
 def randomize_(drafter: Eagle3Drafter, seed: int) -> Eagle3Drafter:

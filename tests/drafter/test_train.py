@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, Qwen3Config
+from transformers import DynamicCache
 
 import marsrl.drafter.train as train_mod
 from marsrl.drafter import Eagle3Drafter, FeatureTap
@@ -26,6 +26,7 @@ from marsrl.drafter.train import (
     ttt_loss,
     ttt_unroll,
 )
+from marsrl.testing import tiny_causal_lm
 from tests.drafter.helpers import randomize_
 
 V = 64
@@ -37,24 +38,7 @@ def tiny_qwen3(seed: int = 0, lm_head_scale: float = 32.0):
     The default init gives near-uniform outputs (mean top-1 probability ~0.1 at scale 8); at 32 the
     mean top-1 probability on random contexts is ~0.55, closer to a real LM's, so acceptance means
     something at T = 1."""
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=256,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=None,
-    )
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(lm_head_scale)
-    return model
+    return tiny_causal_lm(vocab=V, seed=seed, lm_head_scale=lm_head_scale)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -14,6 +14,8 @@ CONFIGS = {
     "chain_k5": EngineConfig(num_draft_tokens=5),
     "tree_3x3": EngineConfig(tree=TreeConfig(top_k=3, depth=3, total_tokens=10)),
     "tree_4x5": EngineConfig(tree=TreeConfig(top_k=4, depth=5, total_tokens=25)),
+    # rows stop drafting once the head's confidence in their chain drops below 0.3: ragged chains
+    "chain_k5_confidence": EngineConfig(num_draft_tokens=5, draft_confidence=0.3),
 }
 
 
@@ -26,15 +28,27 @@ def test_strict_greedy_equals_hf_generate(target, name):
     assert eng.stats["draft_forwards"] > 0
 
 
-@pytest.mark.parametrize("name", ["chain_k5", "tree_4x5", "chain_k3_sampled_drafts"])
+@pytest.mark.parametrize(
+    "name",
+    ["chain_k5", "tree_4x5", "chain_k3_sampled_drafts", "chain_k5_confidence", "chain_k4_sampled_conf"],
+)
 def test_strict_sampling_matches_exact_joint(small, name):
     """N = 60k completions of 3 tokens (seed 21) against the enumerated joint over V**3 = 512 sequences."""
-    cfg = CONFIGS.get(name) or EngineConfig(num_draft_tokens=3, draft_sampling="sample")
+    extra = {
+        "chain_k3_sampled_drafts": EngineConfig(num_draft_tokens=3, draft_sampling="sample"),
+        "chain_k4_sampled_conf": EngineConfig(
+            num_draft_tokens=4, draft_sampling="sample", draft_confidence=0.2
+        ),
+    }
+    cfg = CONFIGS.get(name) or extra[name]
     cfg = EngineConfig(**{**cfg.__dict__, "max_batch_size": 60_000})
     head = Eagle3Drafter.from_target(small)
     eng = SpeculativeEngine(small, head, cfg)
     assert_distribution(sample_index(eng), exact_joint(small), name)
     assert eng.stats["accepted"] > 1000, "the head never got a draft accepted: rejection-only test"
+    if cfg.draft_confidence > 0:  # chains really were cut short, yet the completions are exact
+        per_round = eng.stats["drafted"] / eng.stats["rounds"]
+        assert 1 < per_round < cfg.num_draft_tokens - 0.5, per_round
 
 
 @pytest.mark.parametrize("name", ["chain_k5", "tree_4x5"])
@@ -49,6 +63,34 @@ def test_theta_one_equals_strict_and_mars_relaxes(target, name):
     assert [t.completion_ids for t in strict] == [t.completion_ids for t in same]
     assert [t.behavior_logprobs for t in strict] == [t.behavior_logprobs for t in same]
     assert all(t.rule == "mars" and t.theta == 1.0 for t in same)
+
+
+def test_draft_confidence_bounds(target):
+    """A confidence no draft reaches keeps one draft per row and round; one every draft passes keeps K.
+    Either way the greedy completions are the target's own."""
+    head = Eagle3Drafter.from_target(target)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=20)
+    want = hf_greedy(target, PROMPTS, 20)
+    forwards = []
+    for confidence, per_round in ((0.999999, 1), (1e-30, 6)):
+        eng = SpeculativeEngine(target, head, EngineConfig(num_draft_tokens=6, draft_confidence=confidence))
+        out = eng.generate(PROMPTS, sp)
+        assert [t.completion_ids for t in out] == want
+        assert eng.stats["drafted"] == per_round * eng.stats["rounds"], confidence
+        forwards.append(eng.stats["draft_forwards"] / eng.stats["target_forwards"])
+    assert forwards[0] < 1 < forwards[1]  # one drafter forward a round (the absorb) against six
+
+
+def test_draft_confidence_checked(target):
+    with pytest.raises(ValueError, match="draft_confidence must be in"):
+        EngineConfig(draft_confidence=1.0)
+    with pytest.raises(ValueError, match="a tree sizes itself"):
+        EngineConfig(tree=TreeConfig(), draft_confidence=0.5)
+    from marsrl.engine import OracleDrafter
+
+    oracle = OracleDrafter.from_target(target, [PROMPTS[0]], 4)
+    with pytest.raises(ValueError, match="draft_confidence needs an Eagle3Drafter"):
+        SpeculativeEngine(target, oracle, EngineConfig(draft_confidence=0.5))
 
 
 def test_ancestor_sets_equal_a_walk_up_the_parents():

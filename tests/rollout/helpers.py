@@ -8,9 +8,9 @@ import shutil
 import tempfile
 
 import torch
-from transformers import AutoModelForCausalLM, Qwen3Config
 
 from marsrl.drafter import Eagle3Drafter
+from marsrl.testing import tiny_causal_lm
 
 _STARTED_HERE = False
 _OWN_TMP: list[str] = []
@@ -46,22 +46,7 @@ def stop_ray() -> None:
 
 def tiny_qwen3(vocab: int = 64, layers: int = 4, seed: int = 0, max_positions: int = 128, **extra):
     """A 4-layer Qwen3 with H = 32, sharpened lm_head (sampling has structure), no special tokens."""
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=max_positions,
-        **{"eos_token_id": None, "bos_token_id": None, "pad_token_id": None, **extra},
-    )
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    return model
+    return tiny_causal_lm(vocab=vocab, layers=layers, seed=seed, max_positions=max_positions, **extra)
 
 
 def tiny_head(target, seed: int = 1) -> Eagle3Drafter:

@@ -60,6 +60,42 @@ def test_chain_agrees_with_reference(rule, dense):
     assert want <= seen, f"inputs did not exercise every outcome: {seen}"
 
 
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("dense", [False, True])
+def test_chain_with_per_row_draft_counts_agrees_with_reference(rule, dense):
+    """Rows that stopped drafting early (num_drafts < K, including 0): the columns past a row's count are
+    filled with junk the verifier must ignore, and a fully accepted short row closes with a bonus."""
+    seen_short_bonus = 0
+    for seed in range(12):
+        logits, x, q = _chain_inputs(seed, dense)
+        b, k1 = logits.shape[:2]
+        n = torch.randint(0, k1, (b,), generator=torch.Generator().manual_seed(100 + seed))
+        junk = torch.arange(k1 - 1).unsqueeze(0) >= n.unsqueeze(1)
+        x = torch.where(junk, logits[:, :-1].argmin(-1), x)  # rejected for sure if it were verified
+        for temperature, top_k, top_p in SETTINGS:
+            kw = dict(rule=rule, temperature=temperature, theta=0.8, top_k=top_k, top_p=top_p)
+            fast = verify_chain(
+                logits, x, q, generator=torch.Generator().manual_seed(seed), num_drafts=n, **kw
+            )
+            u = None
+            if temperature > 0:
+                u = torch.rand((b, k1), dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+            slow = reference_verify_chain(logits, x, q, uniforms=u, num_drafts=n, **kw)
+            _assert_same(fast, slow, (seed, temperature))
+            assert bool((fast.num_emitted <= n + 1).all())
+            bonus_col = fast.provenance.gather(1, (fast.num_emitted - 1).unsqueeze(1)).squeeze(1)
+            seen_short_bonus += int(((bonus_col == Provenance.BONUS) & (n < k1 - 1)).sum())
+    assert seen_short_bonus > 0, "no short row closed with a bonus"
+
+
+def test_chain_num_drafts_checked():
+    logits, x, _ = _chain_inputs(0, False)
+    with pytest.raises(ValueError, match="num_drafts has values outside"):
+        verify_chain(logits, x, num_drafts=torch.full((logits.shape[0],), 5))
+    with pytest.raises(ValueError, match="num_drafts must be a"):
+        verify_chain(logits, x, num_drafts=torch.full((3,), 2))
+
+
 def _tree_inputs(seed):
     g = torch.Generator().manual_seed(seed)
     b, n, v = 16, 9, 12
