@@ -9,7 +9,8 @@ One round, for each row independently (column j < K verifies draft x_j; column K
     mars        :  ok, or (R and x_j in {t1, t2})            -> RELAXED when only R saved it
     mars_code   :  r > theta ? x_j in {t1, t2}  :  u_j * q(x_j) < p(x_j)
     first failure j*: close with y ~ residual (strict/mars: max(0, p - q); mars_code: full p if r > theta,
-                      else p with only p(x) lowered to max(0, p(x) - q(x)));  all accepted: y ~ p at K.
+                      else p with only p(x) lowered to max(0, p(x) - q(x)));  all accepted: y ~ p at K
+                      (at the row's ``num_drafts`` when a shorter chain is given).
 
 At T = 0 the sampling distribution is the point mass on t1 = argmax z: the same formulas with u = 0
 give greedy strict (accept x == t1) and greedy mars (also x == t2 under R); the closing token is t1.
@@ -170,9 +171,10 @@ def verify_chain(
         theta: margin threshold; theta >= 1 turns mars into strict.
         top_k, top_p: the target's sampling filters (None = off). The margin uses raw logits.
         generator: source of all randomness (None = torch's global generator).
-        num_drafts: [B] int, 0 <= n <= K: row b's chain is only its first n drafts (columns >= n are
-            ignored, whatever they hold); all accepted, its closing token is the bonus draw from p at
-            column n.  None: every row has K.  Lets a drafter stop early per row (draft confidence).
+        num_drafts: [B] int, 0 <= n <= K: row b's chain is only its first n drafts; all accepted, its
+            closing token is the bonus draw from p at column n.  Columns >= n are never verified (their
+            ids must still be valid and their draft_probs rows distributions, but their values do not
+            change the result).  None: every row has K.  Lets a drafter stop early per row.
 
     Returns:
         VerifyResult, each field [B, K+1] (``num_emitted`` [B]); see ``types.VerifyResult``.
