@@ -148,10 +148,7 @@ def main(argv=None) -> dict:
         "draft_step_ms": draft_step_ms,
         "draft_step_over_hf_step": draft_step_ms / hf_ms,
         "target_forward_over_hf_step": per_round["target_forward"] / hf_ms,
-        "ceiling_free_draft_over_hf_step": row_tokens
-        / max(row_rounds, 1)
-        * hf_ms
-        / per_round["target_forward"],
+        "ceiling_free_draft_over_hf_step": tau * hf_ms / per_round["target_forward"],
     }
     json.dump(out, sys.stdout, indent=2)
     print()
