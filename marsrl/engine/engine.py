@@ -463,13 +463,13 @@ class _EagleState:
             counts = torch.zeros(bsz, dtype=torch.long, device=lg.device)
         toks, probs = [], []
         for j in range(k):
-            if greedy and confidence > 0:
-                scaled = lg / temperature if temperature not in (0, 1) else lg
-                top, best = scaled.max(-1)
+            if greedy:
+                best = lg.argmax(-1)
                 tok = self.drafter.target_token_ids[best]
-                tok_logp = top - scaled.logsumexp(-1)
-            elif greedy:
-                tok = self.drafter.target_token_ids[lg.argmax(-1)]
+                if confidence > 0:
+                    scaled = lg / temperature if temperature not in (0, 1) else lg
+                    top = scaled.gather(-1, best.unsqueeze(-1)).squeeze(-1)
+                    tok_logp = top - scaled.logsumexp(-1)
             else:
                 q = self.drafter.draft_logits_to_target_probs(lg, temperature).float()
                 u = torch.rand(q.shape[0], dtype=torch.float64, device=q.device, generator=gen)
