@@ -21,19 +21,22 @@ What this function does:
   the trainer's chat template, tools and ``chat_template_kwargs`` for messages);
 - folds each run of identical consecutive prompts (at most G long) back into ONE engine group (n = G)
   run on one actor, so a group shares an actor and a random stream the way it would in the engine;
-- before generating, sends the trainer's current weights to the pool whenever ``global_step`` moved
-  (version = ``global_step``), so completions come from the policy being trained;
 - returns ``logprobs`` = the BEHAVIOUR log-probs (what the rollout really emitted with), plus per-token
-  ``provenance``, ``target_logprobs``, ``logit_ratio``, ``is_top2``, per-sample ``policy_version`` and
-  ``finish_reason``, and ``rollout_stats`` (the pool's metrics of this batch: tokens/s, tau, ...).
+  ``provenance``, ``target_logprobs``, ``logit_ratio``, ``is_top2``, ``draft_position``,
+  ``unsupported_mass``, per-sample ``policy_version``, ``finish_reason``, ``rule``, ``theta``,
+  ``relax_prob``, and ``rollout_stats`` (the pool's metrics of this batch: tokens/s, tau, ...).
 
-Caveat (TRL 1.16): the trainer applies its importance-sampling correction (``vllm_importance_sampling_*``)
-only with ``use_vllm=True``. With a custom rollout and ``use_vllm=False`` the returned ``logprobs`` are used
-only by ``off_policy_mask_threshold``; a lossy rule (``mars``) then trains WITHOUT correction. Use the
-strict rule, or a trainer / loop that applies exp(logp_policy - logprobs) (``recipes/grpo_plain.py``).
+It does not send weights: keeping the pool on the policy being trained is the trainer's job
+(``marsrl.trainer.MarsGRPOTrainer`` syncs policy and draft every step, gathers ZeRO-3 shards and calls
+the pool from rank 0 only). With a plain ``GRPOTrainer``, call ``pool.update_weights(model,
+version=step)`` yourself (e.g. from a ``TrainerCallback.on_step_end``).
 
-Leaves out: several trainer processes (each would sync and call the pool; call from one process), PEFT
-adapters (merge them before syncing), multimodal prompts.
+Caveat (TRL 1.16): a plain ``GRPOTrainer`` applies its importance-sampling correction
+(``vllm_importance_sampling_*``) only with ``use_vllm=True``. With a custom rollout and ``use_vllm=False``
+the returned ``logprobs`` are used only by ``off_policy_mask_threshold``; a lossy rule (``mars``) then
+trains WITHOUT correction. ``MarsGRPOTrainer`` applies it.
+
+Leaves out: PEFT adapters (merge them before syncing), multimodal prompts.
 """
 
 from __future__ import annotations
@@ -45,7 +48,15 @@ from typing import Any
 from ..engine import SamplingParams, Trajectory
 from ..rollout.requests import request_seed
 
-PER_TOKEN_FIELDS = ("provenance", "target_logprobs", "logit_ratio", "is_top2")
+PER_TOKEN_FIELDS = (
+    "provenance",
+    "target_logprobs",
+    "logit_ratio",
+    "is_top2",
+    "draft_position",
+    "unsupported_mass",
+)
+PER_SAMPLE_FIELDS = ("policy_version", "finish_reason", "rule", "theta", "relax_prob")
 
 
 def make_rollout_func(
@@ -53,37 +64,24 @@ def make_rollout_func(
     tokenizer,
     sampling: SamplingParams | None = None,
     *,
-    sync_weights: bool = True,
-    draft_weights: Callable[[], Any] | None = None,
     chat_template_kwargs: dict | None = None,
 ) -> Callable[[list, Any], dict]:
     """A TRL ``rollout_func(prompts, trainer) -> dict`` generating with ``pool``.
 
     Args:
-        pool: a RolloutPool (anything with ``generate``, ``update_weights`` and ``last_batch``).
+        pool: a RolloutPool (anything with ``generate`` and ``last_batch``).
         tokenizer: the trainer's tokenizer (renders prompts; its eos id ends completions unless
             ``sampling.eos_token_id`` is set).
         sampling: temperature, top-k/p, max_new_tokens, seed; ``n`` is ignored (the group size comes from
             the prompts). None: taken from the trainer's args (temperature, top_k, top_p,
             max_completion_length, seed) at the first call.
-        sync_weights: send the trainer's model to the pool whenever ``trainer.state.global_step`` changed
-            since the last send (and on the first call).
-        draft_weights: called at each sync; its result (a drafter module or state dict, or None) is sent
-            with the policy, for a drafter trained online.
         chat_template_kwargs: extra arguments for ``apply_chat_template`` (default: the trainer's).
     """
-    state = {"calls": 0, "synced_step": None, "sampling": sampling}
+    state = {"calls": 0, "sampling": sampling}
 
     def rollout_func(prompts: list, trainer=None) -> dict:
         if not prompts:
             raise ValueError("rollout_func got no prompts")
-        if sync_weights and trainer is not None:
-            step = int(trainer.state.global_step)
-            if state["synced_step"] != step:
-                model = trainer.accelerator.unwrap_model(trainer.model)
-                draft = draft_weights() if draft_weights is not None else None
-                pool.update_weights(model, draft=draft, version=step)  # ZeRO-3 is gathered there
-                state["synced_step"] = step
         if state["sampling"] is None:
             state["sampling"] = sampling_from_trainer(trainer, tokenizer)
         base = state["sampling"]
@@ -180,10 +178,10 @@ def to_trl_output(trajectories: list[Trajectory], stats: dict) -> dict:
         "prompt_ids": [list(t.prompt_ids) for t in trajectories],
         "completion_ids": [list(t.completion_ids) for t in trajectories],
         "logprobs": [list(t.behavior_logprobs) for t in trajectories],
-        "policy_version": [t.policy_version for t in trajectories],
-        "finish_reason": [t.finish_reason for t in trajectories],
         "rollout_stats": dict(stats),
     }
+    for name in PER_SAMPLE_FIELDS:
+        out[name] = [getattr(t, name) for t in trajectories]
     for name in PER_TOKEN_FIELDS:
         out[name] = [list(getattr(t, name)) for t in trajectories]
     return out

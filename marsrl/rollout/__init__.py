@@ -21,12 +21,14 @@ Using the pool from any trainer (no TRL needed)::
 
 from .actor import RolloutActor
 from .config import PoolConfig, WorkerConfig
+from .local import LocalPool
 from .pool import RolloutError, RolloutPool, batch_metrics
 from .requests import RolloutRequest, check_prompts, plan_requests, request_seed
 from .weights import gather_zero3_state_dict, load_weights_, to_state_dict
 from .worker import RolloutWorker, check_drafter_matches
 
 __all__ = [
+    "LocalPool",
     "PoolConfig",
     "RolloutActor",
     "RolloutError",

@@ -1,0 +1,105 @@
+"""``MarsGRPOConfig``: TRL's ``GRPOConfig`` plus what a trainer on MARS rollouts must decide — how the
+behaviour log-probs correct the loss, whether an uncorrected lossy run is allowed, how the EAGLE-3 head is
+kept in step and how stale a trajectory may be. Defaults live here and only here."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trl import GRPOConfig
+
+IsCorrection = Literal[
+    "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "sequence"
+]
+IS_CORRECTIONS: tuple[str, ...] = IsCorrection.__args__
+
+
+@dataclass
+class MarsGRPOConfig(GRPOConfig):
+    """GRPOConfig for ``MarsGRPOTrainer`` (rollouts from a marsrl ``RolloutPool``, ``use_vllm=False``).
+
+    New fields:
+        is_correction: how the per-token importance ratio w = pi / b (policy log-prob recomputed by the
+            trainer against the BEHAVIOUR log-prob the rollout recorded) weights the loss. ``"none"``: no
+            correction (refused for a lossy rule unless ``allow_uncorrected_lossy``);
+            ``"token_truncate"`` / ``"token_mask"`` / ``"sequence_truncate"`` / ``"sequence_mask"``: TRL's
+            vLLM modes, same meaning and clipping (``is_clip_min`` / ``is_clip_max``); ``"sequence"``: the
+            untruncated product of the per-token ratios over the completion, the exact (unbiased,
+            high-variance) importance weight.
+        is_clip_min, is_clip_max: bounds of the ``*_truncate`` (clamp) and ``*_mask`` (zero outside) modes.
+        allow_uncorrected_lossy: train on a lossy rule (mars, mars_code with theta < 1) with
+            ``is_correction="none"``; off by default, the trainer then fails at the first step.
+        draft_refresh_every: every this many optimizer steps, train the EAGLE-3 head on the target
+            features captured in the trainer's own log-prob forward and send it with the policy
+            (0 = never; needs ``drafter=``).
+        draft_refresh_lr: learning rate of the head's AdamW during refreshes.
+        draft_refresh_steps: optimizer steps of the head per refresh, on the captured batch.
+        max_policy_lag: the largest allowed difference between the trainer's step and the policy version
+            a trajectory was generated with; larger is an error, not silent staleness.
+    """
+
+    is_correction: IsCorrection = field(
+        default="token_truncate",
+        metadata={
+            "help": "Importance correction with the behaviour log-probs: none, token_truncate, token_mask, "
+            "sequence_truncate, sequence_mask (TRL's vLLM modes) or sequence (the exact product)."
+        },
+    )
+    is_clip_min: float | None = field(
+        default=None, metadata={"help": "Lower bound of the truncate / mask correction modes (None: none)."}
+    )
+    is_clip_max: float | None = field(
+        default=3.0, metadata={"help": "Upper bound of the truncate / mask correction modes (None: none)."}
+    )
+    allow_uncorrected_lossy: bool = field(
+        default=False,
+        metadata={"help": "Allow a lossy rule (mars, mars_code) with is_correction='none'."},
+    )
+    draft_refresh_every: int = field(
+        default=0,
+        metadata={"help": "Refresh the EAGLE-3 head every N steps on the trainer's own features (0 = never)."},
+    )
+    draft_refresh_lr: float = field(default=3e-4, metadata={"help": "AdamW learning rate of draft refreshes."})
+    draft_refresh_steps: int = field(default=1, metadata={"help": "Head optimizer steps per refresh."})
+    max_policy_lag: int = field(
+        default=0,
+        metadata={"help": "Largest allowed trainer step minus a trajectory's policy version."},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.is_correction not in IS_CORRECTIONS:
+            raise ValueError(f"is_correction must be one of {list(IS_CORRECTIONS)}, got {self.is_correction!r}")
+        for name in ("is_clip_min", "is_clip_max"):
+            v = getattr(self, name)
+            if v is not None and (math.isnan(v) or v < 0):
+                raise ValueError(f"{name} must be None or >= 0, got {v}")
+        if self.is_clip_min is not None and self.is_clip_max is not None and self.is_clip_max <= self.is_clip_min:
+            raise ValueError(
+                f"is_clip_max ({self.is_clip_max}) must be > is_clip_min ({self.is_clip_min})"
+            )
+        if self.is_correction.endswith("_truncate") and self.is_clip_min is None and self.is_clip_max is None:
+            raise ValueError(f"is_correction={self.is_correction!r} needs is_clip_min or is_clip_max")
+        if self.draft_refresh_every < 0:
+            raise ValueError(f"draft_refresh_every must be >= 0, got {self.draft_refresh_every}")
+        if not self.draft_refresh_lr > 0:
+            raise ValueError(f"draft_refresh_lr must be > 0, got {self.draft_refresh_lr}")
+        if self.draft_refresh_steps < 1:
+            raise ValueError(f"draft_refresh_steps must be >= 1, got {self.draft_refresh_steps}")
+        if self.max_policy_lag < 0:
+            raise ValueError(f"max_policy_lag must be >= 0, got {self.max_policy_lag}")
+        if self.use_vllm:
+            raise ValueError("use_vllm must be False: MarsGRPOTrainer generates with a marsrl RolloutPool")
+        if self.loss_type == "vespo" and self.is_correction not in ("none", "token_truncate", "token_mask"):
+            raise ValueError(
+                "loss_type='vespo' reads per-token ratios: set is_correction to token_truncate or token_mask"
+            )
+        if not self.temperature > 0:
+            raise ValueError("temperature must be > 0: the correction needs the sampling distribution's log-probs")
+        if (self.top_k or 0) > 0 or (self.top_p is not None and self.top_p < 1.0):
+            raise ValueError(
+                "top_k / top_p truncate the rollout distribution while the trainer's log-probs are untruncated: "
+                "the correction cannot reach the filtered tokens; unset top_k and top_p"
+            )

@@ -1,0 +1,419 @@
+"""``MarsGRPOTrainer``: TRL's GRPOTrainer trained honestly on marsrl rollouts.
+
+What it adds to ``trl.GRPOTrainer`` (TRL 1.16, ``use_vllm=False``), all in one override of
+``_generate_and_score_completions`` plus the rollout function it owns:
+
+- **Rollouts from a RolloutPool**, called by rank 0 only: every rank's prompts are gathered to it, the
+  trajectories scattered back in order, each rank keeps its slice. Before each generation the policy
+  (gathered from ZeRO-3 shards on every rank when partitioned) and, after a refresh, the EAGLE-3 head are
+  sent to the pool with version = ``global_step``.
+- **Importance correction without vLLM.** TRL corrects only on its vLLM path. Here the policy's log-probs
+  of the rollout tokens come from a no-grad forward (TRL's own ``_get_per_token_logps_and_entropies``,
+  which TRL skips in this configuration), the weights from ``marsrl.algo.importance_weights`` against the
+  recorded BEHAVIOUR log-probs, and they are folded into the per-token advantages: for every clipped
+  surrogate, ``-min(c1·A·w, c2·A·w) = w·(-min(c1·A, c2·A))`` for w >= 0, which is exactly where TRL's vLLM
+  path multiplies its ratio (before the KL term, which stays unweighted). VESPO gets the ratio the way TRL
+  hands it over (``importance_sampling_ratio``).
+- **Fail closed.** A lossy batch with ``is_correction="none"`` raises unless ``allow_uncorrected_lossy``;
+  mass the behaviour cannot emit (``unsupported_mass``) warns once and is logged every step; a trajectory
+  older than ``max_policy_lag`` versions is an error.
+- **Bias measured in the same forward.** A forward hook on the final norm keeps the hidden states of
+  that forward; one lm_head matmul over the completion positions gives the policy's top-1/top-2 there
+  (``marsrl.algo.token_stats``) and ``marsrl.algo.bias_metrics`` the ``bias/*`` family, gathered over
+  ranks. Feature pre-hooks on the head's three layers (``FeatureTap``) ride the same pass when a draft
+  refresh is due.
+
+Departures from TRL: the rollout's behaviour log-prob, not a vLLM top-1 log-prob, is the IS denominator;
+the draft head is trained online on rank 0's slice of the batch only (its features are local).
+Leaves out: tools / environments, multimodal prompts, PEFT (merge adapters before syncing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+from transformers import TrainerCallback
+from trl import GRPOTrainer
+
+from ..algo import bias_metrics, importance_weights, token_stats
+from ..drafter.target import final_norm
+from ..engine import SamplingParams
+from ..integrations.trl import make_rollout_func
+from ..rollout.weights import gather_zero3_state_dict, is_zero3, to_state_dict
+from .config import MarsGRPOConfig
+from .stats import acceptance_by_position, is_lossy
+
+
+class _StepClock(TrainerCallback):
+    """Marks the start of every optimizer step so ``log`` can state the step's time and rollout share."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.trainer._step_start = time.perf_counter()
+
+
+class MarsGRPOTrainer(GRPOTrainer):
+    """GRPO on TRL with MARS-aware rollouts from a marsrl RolloutPool.
+
+    Args:
+        model, reward_funcs, args, train_dataset, processing_class: as ``trl.GRPOTrainer``; ``args`` must be
+            a ``MarsGRPOConfig``.
+        pool: a live ``RolloutPool`` (or anything with ``generate``, ``update_weights``, ``last_batch``,
+            ``info``); used by rank 0 only.
+        pool_config: build the pool from this ``PoolConfig`` on rank 0 instead (shut down with the trainer
+            via ``close()``).
+        drafter: the ``Eagle3Drafter`` module the pool drafts with, trained online when
+            ``args.draft_refresh_every > 0`` and sent to the pool with the policy.
+        sampling: SamplingParams for the rollouts; None: from ``args`` (temperature, max_completion_length,
+            seed) and the tokenizer's eos.
+        Other keyword arguments go to ``GRPOTrainer`` (``rollout_func`` is this trainer's own).
+    """
+
+    def __init__(
+        self,
+        model,
+        reward_funcs,
+        args: MarsGRPOConfig,
+        train_dataset=None,
+        processing_class=None,
+        *,
+        pool=None,
+        pool_config=None,
+        drafter=None,
+        sampling: SamplingParams | None = None,
+        **kwargs,
+    ):
+        if not isinstance(args, MarsGRPOConfig):
+            raise ValueError(f"args must be a MarsGRPOConfig, got {type(args).__name__}")
+        if "rollout_func" in kwargs:
+            raise ValueError("rollout_func: MarsGRPOTrainer generates with its pool; pass pool= instead")
+        if (pool is None) == (pool_config is None):
+            raise ValueError("pass exactly one of pool= (a RolloutPool) and pool_config= (a PoolConfig)")
+        if args.draft_refresh_every and drafter is None:
+            raise ValueError("draft_refresh_every > 0 needs drafter= (the Eagle3Drafter the pool drafts with)")
+        super().__init__(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=train_dataset,
+            processing_class=processing_class,
+            rollout_func=self._rollout,
+            **kwargs,
+        )
+        self.drafter = drafter
+        self.pool = None
+        self._owns_pool = False
+        if self.accelerator.is_main_process:
+            if pool is None:
+                from ..rollout import RolloutPool
+
+                pool = RolloutPool(pool_config)
+                self._owns_pool = True
+            self.pool = pool
+            self._check_pool(pool)
+        tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
+        self._pool_rollout = make_rollout_func(self.pool, tokenizer, sampling) if self.pool is not None else None
+        self._synced_version: int | None = None
+        self._draft_dirty = drafter is not None  # send the head once with the first policy
+        self._draft_opt = None
+        self.draft_refreshes = 0
+        self._warned_unsupported = False
+        self._rollout_seconds = 0.0
+        self._step_start: float | None = None
+        self._batch_info: dict = {}
+        self.add_callback(_StepClock(self))
+
+    # ------------------------------------------------------------------ pool, weights, rollouts
+    def _check_pool(self, pool) -> None:
+        info = getattr(pool, "info", None) or {}
+        want = self.model.get_output_embeddings().weight.shape[0]
+        if is_zero3(self.model):
+            want = self.model.config.vocab_size
+        got = info.get("vocab_size")
+        if got is not None and got != want:
+            raise ValueError(f"pool vocab_size {got} does not match the trainer model's vocabulary ({want})")
+        tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
+        if tokenizer is not None and got is not None and len(tokenizer) > got:
+            raise ValueError(
+                f"processing_class has {len(tokenizer)} tokens but the pool's vocabulary is {got}: "
+                "the tokenizer does not belong to the pool's model"
+            )
+
+    def _sync_weights(self) -> None:
+        """Send the policy (and a refreshed head) to the pool when the step moved. Every rank calls it:
+        gathering ZeRO-3 shards is a collective."""
+        step = int(self.state.global_step)
+        if self._synced_version == step:
+            return
+        if is_zero3(self.model):
+            state = gather_zero3_state_dict(self.model, rank0_only=True)
+        else:
+            state = to_state_dict(self.accelerator.unwrap_model(self.model)) if self.pool is not None else None
+        if self.pool is not None:
+            draft = self.drafter if self._draft_dirty else None
+            self.pool.update_weights(state, draft=draft, version=step)
+            self._draft_dirty = False
+        self._synced_version = step
+
+    def _rollout(self, prompts: list, trainer=None) -> dict:
+        """TRL's rollout_func: rank 0 generates for every rank's prompts, each rank gets its slice back."""
+        from accelerate.utils import broadcast_object_list, gather_object
+
+        start = time.perf_counter()
+        self._sync_weights()
+        acc = self.accelerator
+        everyone = gather_object(list(prompts)) if acc.num_processes > 1 else list(prompts)
+        payload = self._pool_rollout(everyone, self) if self.pool is not None else None
+        if acc.num_processes > 1:
+            box = [payload]
+            broadcast_object_list(box, from_process=0)
+            payload = _slice_output(box[0], acc.process_index * len(prompts), len(prompts))
+        self._rollout_seconds += time.perf_counter() - start
+        return payload
+
+    # ------------------------------------------------------------------ the override
+    def _generate_and_score_completions(self, inputs):
+        mode = "train" if self.model.training else "eval"
+        refresh = (
+            mode == "train"
+            and self.args.draft_refresh_every > 0
+            and self.state.global_step % self.args.draft_refresh_every == 0
+        )
+        out = super()._generate_and_score_completions(inputs)
+        rows = inputs  # TRL merged the rollout's extra fields into them
+        self._check_rows(rows)
+        completion_ids, completion_mask = out["completion_ids"], out["completion_mask"]
+        mask = completion_mask if out.get("tool_mask") is None else completion_mask * out["tool_mask"]
+        mask_b = mask.bool()
+        n, width = completion_ids.shape
+        behavior = out.get("sampling_per_token_logps")
+        if behavior is None:
+            raise ValueError("behavior_logprobs: the rollout returned no per-token log-probs (logprobs)")
+        bad = torch.isnan(behavior) & mask_b
+        if bad.any():
+            row = int(bad.any(dim=1).nonzero()[0])
+            raise ValueError(f"behavior_logprobs of completion {row} has NaN at a completion token")
+
+        # the no-grad policy forward (TRL skips it with use_vllm=False), hidden states and taps on the side
+        ids = torch.cat([out["prompt_ids"], completion_ids], dim=1)
+        attn = torch.cat([out["prompt_mask"], completion_mask], dim=1)
+        bs = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        with torch.no_grad(), self._capture(keep_full=refresh) as cap:
+            old, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attn, width, batch_size=bs)
+        if out.get("old_per_token_logps") is None:
+            out["old_per_token_logps"] = old
+        stats = self._token_stats(torch.cat(cap["h"]), completion_ids, mask_b)
+
+        weights, is_metrics = importance_weights(
+            old, behavior, mask_b, mode=self.args.is_correction,
+            clip_min=self.args.is_clip_min, clip_max=self.args.is_clip_max,
+        )
+        if self.loss_type == "vespo":
+            out["importance_sampling_ratio"] = weights
+        else:
+            out["advantages"] = out["advantages"].unsqueeze(1) * weights
+
+        record = {
+            "provenance": _pad_rows(rows, "provenance", width, 0, torch.int8),
+            "draft_position": _pad_rows(rows, "draft_position", width, -1, torch.long),
+            "unsupported_mass": _pad_rows(rows, "unsupported_mass", width, 0.0, torch.float32),
+        }
+        metrics = self._batch_metrics(mode, old, behavior, stats, record, mask_b, rows)
+        for key, value in is_metrics.items():
+            metrics[f"correction/{key}"] = value
+        if refresh and self.accelerator.is_main_process:
+            metrics.update(self._refresh_draft(cap, ids, attn, completion_mask))
+        metrics["draft/refreshes"] = float(self.draft_refreshes)
+        for key, value in metrics.items():
+            self._metrics[mode][key].append(value)
+        return out
+
+    # ------------------------------------------------------------------ pieces of the override
+    def _check_rows(self, rows: list[dict]) -> None:
+        args = self.args
+        step = int(self.state.global_step)
+        for i, row in enumerate(rows):
+            version = row.get("policy_version")
+            if version is not None and step - int(version) > args.max_policy_lag:
+                raise ValueError(
+                    f"completion {i} came from policy version {version} at trainer step {step}: lag "
+                    f"{step - int(version)} > max_policy_lag={args.max_policy_lag}"
+                )
+        first = rows[0]
+        info = {k: first.get(k) for k in ("rule", "theta", "relax_prob")}
+        lossy = any(is_lossy(r["rule"], r["theta"], r["relax_prob"]) for r in rows)
+        if lossy and args.is_correction == "none" and not args.allow_uncorrected_lossy:
+            raise ValueError(
+                f"the rollouts came from the lossy rule {info['rule']!r} (theta={info['theta']}, "
+                f"relax_prob={info['relax_prob']}) and is_correction='none': the gradient would be biased; "
+                "set is_correction or allow_uncorrected_lossy=True"
+            )
+        self._batch_info = dict(info, lossy=lossy)
+
+    @contextlib.contextmanager
+    def _capture(self, keep_full: bool):
+        """During the no-grad forward: the final norm's output of each chunk (its completion positions, or
+        all of them with ``keep_full``) and, with ``keep_full``, the head's three feature layers."""
+        model = self.accelerator.unwrap_model(self.model)
+        cap: dict[str, list] = {"h": [], "h_full": [], "features": []}
+        width = [None]
+        tap = None
+        if keep_full and self.accelerator.is_main_process:
+            from ..drafter import FeatureTap
+
+            tap = FeatureTap(model, self.drafter.config.aux_layer_ids)
+
+        def on_norm(module, args, output):
+            h = output[0] if isinstance(output, tuple) else output
+            cap["h"].append(h.detach())
+            if tap is not None:
+                cap["features"].append(tap.features())
+
+        handle = final_norm(model).register_forward_hook(on_norm)
+        try:
+            yield cap
+        finally:
+            handle.remove()
+            if tap is not None:
+                tap.remove()
+            del width
+
+    def _token_stats(self, hidden: torch.Tensor, completion_ids: torch.Tensor, mask: torch.Tensor) -> dict:
+        """The policy's log-prob, top-1 and top-2 at each completion position, from the captured hidden
+        states: one lm_head matmul over the completion positions (fp32)."""
+        width = completion_ids.shape[1]
+        h = hidden[:, -width - 1 : -1]  # [N, C, H]: position t predicts completion token t
+        head = self.accelerator.unwrap_model(self.model).get_output_embeddings()
+        ctx = contextlib.nullcontext()
+        if is_zero3(self.model):
+            import deepspeed
+
+            ctx = deepspeed.zero.GatheredParameters(list(head.parameters()), modifier_rank=None)
+        with ctx:
+            if head.bias is None:
+                stats, _ = token_stats(
+                    completion_ids, self.temperature, hidden=h, weight=head.weight, mask=mask
+                )
+            else:
+                logits = F.linear(h.float(), head.weight.float(), head.bias.float())
+                stats, _ = token_stats(completion_ids, self.temperature, logits=logits, mask=mask)
+        return stats
+
+    def _batch_metrics(self, mode, old, behavior, stats, record, mask, rows) -> dict:
+        """The logged figures of one generation batch, gathered over ranks (every rank computes them)."""
+        acc = self.accelerator
+        tensors = {
+            "policy_logp": old.float(),
+            "behavior_logp": torch.nan_to_num(behavior.float(), nan=0.0),
+            "is_t1": stats["is_t1"],
+            "is_t2": stats["is_t2"],
+            "p_t1": stats["p_t1"].float(),
+            "p_t2": stats["p_t2"].float(),
+            "provenance": record["provenance"].to(old.device),
+            "unsupported_mass": record["unsupported_mass"].to(old.device),
+            "mask": mask,
+            "draft_position": record["draft_position"].to(old.device),
+        }
+        if acc.num_processes > 1:
+            tensors = {k: acc.gather(acc.pad_across_processes(v, dim=1)) for k, v in tensors.items()}
+        t = {k: v.cpu() for k, v in tensors.items()}
+        _, bias = bias_metrics(
+            t["policy_logp"], t["behavior_logp"], t["is_t1"], t["is_t2"], t["p_t1"], t["p_t2"],
+            t["provenance"], t["mask"], unsupported_mass=t["unsupported_mass"],
+        )
+        out = {f"bias/{k}": float(v) for k, v in bias.items() if k != "tokens"}
+        unsupported = out.get("bias/unsupported_mass", 0.0)
+        if unsupported > 0 and self.args.is_correction != "none" and not self._warned_unsupported:
+            self._warned_unsupported = True
+            warnings.warn(
+                f"the rollouts put {unsupported:.3g} of the policy's mass per token where the behaviour cannot "
+                f"emit (relax_prob={self._batch_info.get('relax_prob')}): importance correction cannot restore "
+                "it; use relax_prob < 1 or sampled drafts for an exactly correctable run",
+                stacklevel=2,
+            )
+        stats_row = rows[0].get("rollout_stats") or {}
+        for key in ("tau", "tokens_per_s", "seconds", "relaxed_frac", "acceptance_rate"):
+            value = stats_row.get(key)
+            out[f"rollout/{key}"] = float("nan") if value is None else float(value)
+        k = int(t["draft_position"].max().clamp_min(0)) + 1
+        _, acc_pos = acceptance_by_position(t["provenance"], t["draft_position"], t["mask"], k)
+        out.update({f"rollout/{key}": v for key, v in acc_pos.items() if not math.isnan(v)})
+        versions = [r.get("policy_version") for r in rows if r.get("policy_version") is not None]
+        out["policy/version"] = float(max(versions)) if versions else float("nan")
+        out["rollout/relax_prob"] = float(self._batch_info.get("relax_prob") or 0.0)
+        out["rollout/theta"] = float(self._batch_info.get("theta") or 0.0)
+        return out
+
+    def _refresh_draft(self, cap: dict, ids, attn, completion_mask) -> dict:
+        """Train the head on this forward's features; it is sent with the policy at the next sync."""
+        from ..drafter.train import refresh_draft, trainable_parameters
+
+        features = torch.cat(cap["features"])  # [N, P+C, 3*Ht]
+        hidden = torch.cat(cap["h"])  # [N, P+C, Ht]
+        head = self.accelerator.unwrap_model(self.model).get_output_embeddings()
+        with torch.no_grad():
+            logits = F.linear(hidden.float(), head.weight.float(), None if head.bias is None else head.bias.float())
+        width = completion_mask.shape[1]
+        loss_mask = torch.zeros_like(attn, dtype=torch.bool)
+        loss_mask[:, -width - 1 : -1] = completion_mask.bool()  # positions that predict a completion token
+        if self._draft_opt is None:
+            self._draft_opt = torch.optim.AdamW(
+                trainable_parameters(self.drafter), lr=self.args.draft_refresh_lr
+            )
+        dev = next(self.drafter.parameters()).device
+        with torch.enable_grad():
+            m = refresh_draft(
+                self.drafter, self._draft_opt, features.to(dev), ids.to(dev), logits.to(dev),
+                loss_mask.to(dev), self.args.draft_refresh_steps, attention_mask=attn.to(dev),
+            )
+        self.draft_refreshes += 1
+        self._draft_dirty = True
+        return {"draft/loss": float(m.get("loss_before", m.get("loss", float("nan"))))}
+
+    # ------------------------------------------------------------------ logging and lifetime
+    def log(self, logs: dict, start_time: float | None = None) -> None:
+        mode = "train" if self.model.training else "eval"
+        if mode == "train" and self._step_start is not None:
+            step_s = time.perf_counter() - self._step_start
+            self._metrics[mode]["step_seconds"].append(step_s)
+            self._metrics[mode]["rollout/share_of_step"].append(min(self._rollout_seconds / step_s, 1.0))
+            self._metrics[mode]["rollout/wall_seconds"].append(self._rollout_seconds)
+            self._rollout_seconds = 0.0
+        info = self._batch_info
+        if info:
+            logs["rollout/rule"] = info.get("rule")
+            logs["correction/mode"] = self.args.is_correction
+        super().log(logs, start_time)
+
+    def close(self) -> None:
+        """Shut down a pool this trainer built (``pool_config=``)."""
+        if self._owns_pool and self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+
+def _pad_rows(rows: list[dict], key: str, width: int, fill, dtype) -> torch.Tensor:
+    """[N, width] tensor of a per-token extra field (right-padded with ``fill``)."""
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    for i, row in enumerate(rows):
+        values = row.get(key)
+        if values is None:
+            raise ValueError(f"{key}: the rollout of completion {i} carries no per-token {key}")
+        values = values[:width]
+        if len(values):
+            out[i, : len(values)] = torch.tensor(values, dtype=dtype)
+    return out
+
+
+def _slice_output(payload: dict, start: int, length: int) -> dict:
+    """This rank's entries of a rollout_func output computed for every rank's prompts."""
+    return {
+        k: (v[start : start + length] if isinstance(v, list) else v) for k, v in payload.items()
+    }
