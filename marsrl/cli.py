@@ -1,6 +1,7 @@
 """The ``marsrl`` command line.
 
 marsrl demo [--config configs/demo.yaml] [--set theta=0.8 --set temperature=0] [--json out.json]
+marsrl rollouts [--config configs/rollouts.yaml] [--set num_prompts=4] [--no-progress]
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from .config import ConfigError, load_config
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import DemoConfig, format_table, run_demo
+    from .commands.demo import DemoConfig, format_table, run_demo
 
     cfg = load_config(DemoConfig, args.config, args.set)
     report = run_demo(cfg)
@@ -33,7 +34,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _rollouts(args: argparse.Namespace) -> int:
-    from .compare import CompareConfig, format_report, run_compare
+    from .commands.compare import CompareConfig, format_report, run_compare
 
     cfg = load_config(CompareConfig, args.config, args.set)
     report = run_compare(cfg, progress=not args.no_progress)

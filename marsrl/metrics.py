@@ -1,93 +1,98 @@
-"""The top-1 / top-2 bias of a batch of rollouts, measured the way a trainer can: recompute the policy's
-log-probs and its top-2 tokens by teacher forcing the final sequences, then compare what was emitted
-with what exact (strict) sampling would emit.  Pure: returns metrics, logs nothing.
+"""Teacher forcing of rollouts under a model, and the top-1 / top-2 bias figures of a batch of
+trajectories: the model- and trajectory-facing side of ``marsrl.algo``, which holds the arithmetic
+(``token_stats``, ``bias_metrics``; the figures are listed there).  Pure: returns figures, logs nothing.
 
-Per batch (``../shared/spec/mars.md``, "Top-2 bias"):
-    relaxed_frac          relaxed tokens / completion tokens
-    top{1,2}_rate         share of emitted tokens that are the policy's rank-1 / rank-2 token
-    top{1,2}_rate_expected   mean over positions of pi(t1) / pi(t2): the rate exact sampling gives
-    top{1,2}_excess (+ _se)  the bias, with a standard error
-    is_ratio_*            w = exp(log pi - log b): mean / min / max / effective sample size share
-    kl_behavior           mean of log b - log pi over emitted tokens: a Monte Carlo estimate of KL(b || pi)
-In a strict run the excesses are ~0 and w ~ 1 up to numerics.
+``teacher_forcing`` runs one forward of prompt + completion per batch and reads the policy's statistics
+at the completion positions.  For model families whose logits are exactly the final hidden state times
+the lm_head weight it takes the backbone's hidden states and the weight (one lm_head matmul over the
+completion positions only, in float32); for any other model it takes the model's own logits.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from .verify import Provenance
+from . import algo
+
+# model_type -> logits are last_hidden_state @ lm_head.weight.T (no softcap, logit scale or bias)
+_PLAIN_HEAD = frozenset({"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+
+
+def pad_right(rows: list, dtype: torch.dtype, value=0) -> torch.Tensor:
+    """Sequences of numbers (lists or 1-d tensors) -> [N, T] right-padded with ``value``, T the longest."""
+    out = torch.full((len(rows), max((len(r) for r in rows), default=0)), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(r, dtype=dtype)
+    return out
+
+
+def _completion_mask(lengths: list[int]) -> torch.Tensor:
+    """[N, T] bool: True on the first lengths[i] positions of row i."""
+    t = max(lengths, default=0)
+    return torch.arange(t)[None, :] < torch.tensor(lengths, dtype=torch.long)[:, None]
+
+
+def teacher_forcing(model, trajectories, temperature: float = 1.0, chunk_size: int = 4096):
+    """One forward of the right-padded prompt + completion sequences; the policy's ``algo.token_stats``
+    at every completion position: ``(stats, mask)``, [N, T] tensors on the model's device (T the longest
+    completion).  ``stats["logp"]`` carries gradients unless called under ``torch.no_grad()``."""
+    if any(not t.prompt_ids for t in trajectories):
+        raise ValueError("teacher_forcing: every trajectory needs a non-empty prompt (it predicts token 0)")
+    device = next(model.parameters()).device
+    prompt_lens = torch.tensor([len(t.prompt_ids) for t in trajectories])
+    lengths = [len(t.completion_ids) for t in trajectories]
+    ids = pad_right([t.prompt_ids + t.completion_ids for t in trajectories], torch.long).to(device)
+    attn = _completion_mask([len(t.prompt_ids) + n for t, n in zip(trajectories, lengths, strict=True)])
+    mask = _completion_mask(lengths).to(device)
+    completion = pad_right([t.completion_ids for t in trajectories], torch.long).to(device)  # [N, T]
+    # the position whose output predicts completion token j: prompt_len - 1 + j (clamped in the padding)
+    pos = (prompt_lens[:, None] - 1 + torch.arange(mask.shape[1])).clamp(max=ids.shape[1] - 1).to(device)
+    head = model.get_output_embeddings()
+    inputs = {"input_ids": ids, "attention_mask": attn.long().to(device)}
+    if model.config.model_type in _PLAIN_HEAD and head.bias is None:
+        hidden = model.base_model(**inputs).last_hidden_state  # [N, L, H]
+        hidden = hidden.gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))  # [N, T, H]
+        stats, _ = algo.token_stats(
+            completion, temperature, hidden=hidden, weight=head.weight, mask=mask, chunk_size=chunk_size
+        )
+    else:
+        logits = model(**inputs).logits
+        logits = logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1]))  # [N, T, V]
+        stats, _ = algo.token_stats(completion, temperature, logits=logits, mask=mask, chunk_size=chunk_size)
+    return stats, mask
 
 
 @torch.no_grad()
 def teacher_forced(target, trajectories, temperature: float = 1.0, batch_size: int = 32) -> list[dict]:
-    """Per trajectory: policy log-prob of each completion token and the policy's top-1/top-2 there."""
-    device = next(target.parameters()).device
+    """Per trajectory, on the CPU: the policy's log-prob of each completion token (``logp``) and whether
+    it is the policy's top-1 / top-2 there (``is_t1`` / ``is_t2``, with ``p_t1`` / ``p_t2``), each of
+    length len(completion_ids); ``teacher_forcing`` in batches of ``batch_size``."""
     out = []
     for s in range(0, len(trajectories), batch_size):
         chunk = trajectories[s : s + batch_size]
-        seqs = [t.prompt_ids + t.completion_ids for t in chunk]
-        width = max(len(q) for q in seqs)
-        ids = torch.zeros(len(seqs), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, q in enumerate(seqs):
-            ids[i, : len(q)] = torch.tensor(q)
-            mask[i, : len(q)] = 1
-        logits = target(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
-        for i, t in enumerate(chunk):
-            p0, n = len(t.prompt_ids), len(t.completion_ids)
-            z = logits[i, p0 - 1 : p0 - 1 + n]  # [n, V] predicts completion token j
-            logp = torch.log_softmax(z / max(temperature, 1e-6), -1)
-            top = z.topk(2, -1).indices
-            y = torch.tensor(t.completion_ids, device=z.device)
-            out.append(
-                {
-                    "logp": logp.gather(1, y[:, None])[:, 0].cpu(),
-                    "is_t1": (y == top[:, 0]).cpu(),
-                    "is_t2": (y == top[:, 1]).cpu(),
-                    "p_t1": logp.gather(1, top[:, :1])[:, 0].exp().cpu(),
-                    "p_t2": logp.gather(1, top[:, 1:])[:, 0].exp().cpu(),
-                }
-            )
+        stats, _ = teacher_forcing(target, chunk, temperature)
+        stats = {k: v.cpu() for k, v in stats.items()}
+        out += [{k: v[i, : len(t.completion_ids)] for k, v in stats.items()} for i, t in enumerate(chunk)]
     return out
 
 
-def bias_metrics(trajectories, forced: list[dict]) -> dict:
-    """The bias figures of a batch, from trajectories and their ``teacher_forced`` recomputation."""
-    cat = lambda key: torch.cat([f[key] for f in forced]).double()  # noqa: E731
-    prov = torch.tensor([p for t in trajectories for p in t.provenance])
-    behavior = torch.tensor([b for t in trajectories for b in t.behavior_logprobs], dtype=torch.float64)
-    n = max(prov.numel(), 1)
-    out = {"tokens": prov.numel(), "relaxed_frac": (prov == Provenance.RELAXED).sum().item() / n}
-    for rank in (1, 2):
-        hit, p = cat(f"is_t{rank}"), cat(f"p_t{rank}")
-        diff = hit - p  # per position: emitted-is-rank-r minus its exact probability
-        out[f"top{rank}_rate"] = hit.mean().item()
-        out[f"top{rank}_rate_expected"] = p.mean().item()
-        out[f"top{rank}_excess"] = diff.mean().item()
-        out[f"top{rank}_excess_se"] = (diff.std().item() / math.sqrt(n)) if n > 1 else float("nan")
-    log_w = cat("logp") - behavior
-    w = log_w.exp()
-    out["is_ratio_mean"] = w.mean().item()
-    out["is_ratio_min"] = w.min().item()
-    out["is_ratio_max"] = w.max().item()
-    out["is_ratio_ess_frac"] = (w.sum() ** 2 / (w**2).sum() / w.numel()).item()
-    out["kl_behavior"] = (-log_w).mean().item()
-    return out
-
-
-def side_by_side(columns: dict[str, dict], rows: list[tuple[str, str, str]]) -> str:
-    """A text table: one column per name of ``columns`` (each a dict of figures), one line per
-    (label, key, format) row; a missing figure prints as n/a, a row missing everywhere is left out."""
-    names = list(columns)
-    width = max(len(label) for label, _, _ in rows) + 2
-    lines = ["".ljust(width) + "".join(n.rjust(12) for n in names)]
-    for label, key, fmt in rows:
-        vals = [columns[n].get(key) for n in names]
-        if all(v is None for v in vals):
-            continue
-        cells = "".join((fmt.format(v) if v is not None else "n/a").rjust(12) for v in vals)
-        lines.append(label.ljust(width) + cells)
-    return "\n".join(lines)
+def bias_metrics(trajectories, forced: list[dict]) -> dict[str, float]:
+    """The bias figures of a batch (``marsrl.algo.bias_metrics``), from trajectories and their
+    ``teacher_forced`` recomputation; ``unsupported_mass`` when every trajectory records it."""
+    lengths = [len(t.provenance) for t in trajectories]
+    pad = {k: pad_right([f[k] for f in forced], torch.float64) for k in algo.STAT_KEYS}
+    unsupported = None
+    if trajectories and all(getattr(t, "unsupported_mass", None) is not None for t in trajectories):
+        unsupported = pad_right([t.unsupported_mass for t in trajectories], torch.float64)
+    _, figures = algo.bias_metrics(
+        pad["logp"],
+        pad_right([t.behavior_logprobs for t in trajectories], torch.float64),
+        pad["is_t1"].bool(),
+        pad["is_t2"].bool(),
+        pad["p_t1"],
+        pad["p_t2"],
+        pad_right([t.provenance for t in trajectories], torch.long),
+        _completion_mask(lengths),
+        unsupported,
+    )
+    return figures

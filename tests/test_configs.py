@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from marsrl.compare import CompareConfig
+from marsrl.commands.compare import CompareConfig
+from marsrl.commands.demo import DemoConfig
 from marsrl.config import ConfigError, load_config
-from marsrl.demo import DemoConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 # filename prefix -> the dataclass its YAML overrides; a new kind of config must be registered here

@@ -13,10 +13,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .data import gsm8k_reward
-from .engine import EngineConfig, SamplingParams
-from .metrics import bias_metrics, side_by_side, teacher_forced
-from .verify import DEFAULT_THETA, RULES
+from ..data import gsm8k_reward
+from ..engine import EngineConfig, SamplingParams
+from ..metrics import bias_metrics, teacher_forced
+from ..verify import DEFAULT_THETA, RULES
+from .table import side_by_side
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,9 @@ class CompareConfig:
 
 
 def run_compare(cfg: CompareConfig, progress: bool = True) -> dict:
-    from .tinyworld import PRESETS, build_tinyworld, load_tinyworld
-    from .tinyworld.build import heldout_problems
-    from .tinyworld.tokenizer import chat_prompt_ids
+    from ..tinyworld import PRESETS, build_tinyworld, load_tinyworld
+    from ..tinyworld.build import heldout_problems
+    from ..tinyworld.tokenizer import chat_prompt_ids
 
     if cfg.preset not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {cfg.preset!r}")
@@ -95,7 +96,7 @@ def _start_local_ray() -> bool:
 
 
 def _roll_out_each_rule(cfg, world, target, tok, problems, prompts, sampling, out_path, report) -> None:
-    from .rollout import PoolConfig, RolloutPool, WorkerConfig
+    from ..rollout import PoolConfig, RolloutPool, WorkerConfig
 
     with out_path.open("w") as sink:
         for rule in cfg.rules:

@@ -3,7 +3,7 @@
 Builds target logits in which a configurable share of positions has a near tie between the top two
 tokens (what MARS exploits), a draft that is a noisy copy of the target (what a trained EAGLE head
 approximates), and verifies many independent K-token chains with each rule on the same inputs and
-seed.  It measures the verification core only; the engine, tiny world and trainer come later.
+seed.  It measures the verification core only (``marsrl rollouts`` runs the engine on the tiny world).
 
 Deliberately left out: models, KV caches, real text. Positions are independent (the logits of
 position j do not depend on the token emitted at j - 1), which is exact for the quantities reported.
@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .metrics import side_by_side
-from .verify import DEFAULT_THETA, RULES, Provenance, verify_chain
+from ..algo import bias_metrics
+from ..verify import DEFAULT_THETA, RULES, Provenance, verify_chain
+from .table import side_by_side
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,11 @@ def synthetic_logits(cfg: DemoConfig, gen: torch.Generator) -> tuple[torch.Tenso
 
 
 def summarize(res, target_logits: torch.Tensor, temperature: float) -> dict:
-    """Per-rule figures from one batch of verification results (pure; no logging)."""
+    """Per-rule figures from one batch of verification results (pure; no logging): tau, acceptance by
+    draft position and ``marsrl.algo.bias_metrics``'s figures over the emitted tokens (without the
+    importance-ratio and KL figures when greedy, where no sampling distribution exists)."""
     k = res.tokens.shape[1] - 1
     emitted = res.provenance != Provenance.PAD
-    n_tok = emitted.sum().item()
     drafted = res.provenance[:, :k]
     reached = torch.ones_like(drafted, dtype=torch.bool)
     reached[:, 1:] = (drafted[:, :-1] == Provenance.ACCEPTED) | (drafted[:, :-1] == Provenance.RELAXED)
@@ -84,30 +86,28 @@ def summarize(res, target_logits: torch.Tensor, temperature: float) -> dict:
     per_pos = (accepted.sum(0) / reached.sum(0).clamp(min=1)).tolist()
     top = target_logits.topk(2, -1).indices  # [R, K+1, 2]
     if temperature > 0:
-        p = torch.softmax(target_logits.float() / temperature, -1)
-        p_top = p.gather(-1, top)  # [R, K+1, 2]
+        p_top = torch.softmax(target_logits.float() / temperature, -1).gather(-1, top)  # [R, K+1, 2]
     else:
         p_top = torch.zeros(top.shape)
         p_top[..., 0] = 1.0
-    out = {
+    _, figures = bias_metrics(
+        res.target_logprob,
+        res.behavior_logprob,
+        res.tokens == top[..., 0],
+        res.is_top2,
+        p_top[..., 0],
+        p_top[..., 1],
+        res.provenance,
+        emitted,
+    )
+    if temperature == 0:
+        figures = {key: v for key, v in figures.items() if not key.startswith(("is_ratio", "kl_"))}
+    del figures["unsupported_mass"]  # not recorded by verify_chain
+    return {
         "tau": res.num_emitted.double().mean().item(),
         "accept_rate_by_position": [round(a, 4) for a in per_pos],
-        "relaxed_frac": (res.provenance == Provenance.RELAXED).sum().item() / n_tok,
-        "top1_rate": ((res.tokens == top[..., 0]) & emitted).sum().item() / n_tok,
-        "top1_rate_expected": p_top[..., 0][emitted].double().mean().item(),
-        "top2_rate": (res.is_top2 & emitted).sum().item() / n_tok,
-        "top2_rate_expected": p_top[..., 1][emitted].double().mean().item(),
+        **figures,
     }
-    out["top1_excess"] = out["top1_rate"] - out["top1_rate_expected"]
-    out["top2_excess"] = out["top2_rate"] - out["top2_rate_expected"]
-    if temperature > 0:
-        log_w = (res.target_logprob - res.behavior_logprob)[emitted].double()
-        w = log_w.exp()
-        out["is_ratio_mean"] = w.mean().item()
-        out["is_ratio_min"] = w.min().item()
-        out["is_ratio_ess_frac"] = (w.sum() ** 2 / (w**2).sum() / w.numel()).item()
-        out["kl_behavior_est"] = (-log_w).mean().item()  # E_b[log b - log p], a Monte Carlo estimate
-    return out
 
 
 def run_demo(cfg: DemoConfig) -> dict:
@@ -149,7 +149,8 @@ def format_table(report: dict) -> str:
         ("IS ratio p/b mean", "is_ratio_mean", "{:.4f}"),
         ("IS ratio p/b min", "is_ratio_min", "{:.4f}"),
         ("ESS / n", "is_ratio_ess_frac", "{:.4f}"),
-        ("KL(b || p) per token (est.)", "kl_behavior_est", "{:.5f}"),
+        ("IS ratio p/b mean, relaxed tokens", "is_ratio_mean_relaxed", "{:.4f}"),
+        ("KL(b || p) per token (est.)", "kl_behavior", "{:.5f}"),
     ]
     columns = {}
     for rule, figs in report["rules"].items():

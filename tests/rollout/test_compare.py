@@ -3,7 +3,7 @@ figures, and every trajectory in the JSONL file."""
 
 import json
 
-from marsrl.compare import CompareConfig, format_report, run_compare
+from marsrl.commands.compare import CompareConfig, format_report, run_compare
 from marsrl.verify import Provenance
 
 
