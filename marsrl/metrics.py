@@ -26,6 +26,14 @@ def pad_right(rows: list, dtype: torch.dtype, value=0) -> torch.Tensor:
     return out
 
 
+def recorded(trajectories, key: str, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+    """The per-token record ``key`` of every trajectory as [N, T] (right-padded with 0), or None when
+    some trajectory does not record it (e.g. ``unsupported_mass`` from an engine that does not)."""
+    if not trajectories or any(getattr(t, key, None) is None for t in trajectories):
+        return None
+    return pad_right([getattr(t, key) for t in trajectories], dtype)
+
+
 def _completion_mask(lengths: list[int]) -> torch.Tensor:
     """[N, T] bool: True on the first lengths[i] positions of row i."""
     t = max(lengths, default=0)
@@ -81,9 +89,6 @@ def bias_metrics(trajectories, forced: list[dict]) -> dict[str, float]:
     ``teacher_forced`` recomputation; ``unsupported_mass`` when every trajectory records it."""
     lengths = [len(t.provenance) for t in trajectories]
     pad = {k: pad_right([f[k] for f in forced], torch.float64) for k in algo.STAT_KEYS}
-    unsupported = None
-    if trajectories and all(getattr(t, "unsupported_mass", None) is not None for t in trajectories):
-        unsupported = pad_right([t.unsupported_mass for t in trajectories], torch.float64)
     _, figures = algo.bias_metrics(
         pad["logp"],
         pad_right([t.behavior_logprobs for t in trajectories], torch.float64),
@@ -93,6 +98,6 @@ def bias_metrics(trajectories, forced: list[dict]) -> dict[str, float]:
         pad["p_t2"],
         pad_right([t.provenance for t in trajectories], torch.long),
         _completion_mask(lengths),
-        unsupported,
+        recorded(trajectories, "unsupported_mass", torch.float64),
     )
     return figures

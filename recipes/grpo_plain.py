@@ -1,12 +1,15 @@
 """GRPO in plain PyTorch on a marsrl RolloutPool: no TRL, no trainer framework, one screen per stage.
 
     python recipes/grpo_plain.py --model Qwen/Qwen3-0.6B --data openai/gsm8k --steps 100
-    python recipes/grpo_plain.py --model ./tiny --data prompts.jsonl --prompt-field question --steps 2
+    python recipes/grpo_plain.py --model ./tiny --data problems.jsonl --steps 2
 
-Each step: rollouts (the pool, G completions per prompt) -> rewards (the reference answer appears as a
-word of the completion) -> group-normalised advantages -> the policy's log-probs recomputed by teacher
-forcing -> importance ratio exp(logp_policy - behavior_logprobs), clipped -> loss -> optimizer step ->
-``pool.update_weights(policy, version=step + 1)``. One JSON line of metrics per step on stdout.
+Each step: rollouts (the pool, G completions per prompt) -> rewards (``marsrl.data.gsm8k_reward``: the
+number after the completion's ``####`` equals the gold answer) -> group-normalised advantages
+(``marsrl.algo.group_advantages``, TRL's computation) -> the policy's log-probs and top-2 tokens by
+teacher forcing (``marsrl.metrics.teacher_forcing``: one forward, ``marsrl.algo.token_stats``) -> ratio
+exp(logp_policy - behavior_logprobs), clipped -> loss -> optimizer step ->
+``pool.update_weights(policy, version=step + 1)``.  One JSON line of metrics per step on stdout, with
+the top-1 / top-2 bias family of the batch (``marsrl.algo.bias_metrics``).
 
 How this departs from textbook GRPO (DeepSeekMath):
 - One optimizer step per batch (mu = 1): there is no separate pi_old. The ratio's denominator is the
@@ -18,11 +21,13 @@ How this departs from textbook GRPO (DeepSeekMath):
   bounds the update but leaves a bias where b != p; it is not an unbiased IS estimator.
 - No KL penalty to a reference model (beta = 0), as in DAPO / Dr. GRPO.
 - The loss is averaged over all completion tokens of the batch (DAPO token-level), not per sequence.
-- Advantages are (r - mean_group) / (std_group + 1e-4); a group with equal rewards contributes nothing.
+- Advantages are (r - mean_group) / (std_group + 1e-4), std unbiased as in TRL; a group with equal
+  rewards contributes nothing.
 - Teacher-forced log-probs use the sampling temperature (log softmax(logits / T)), the distribution the
   rollout's log-probs refer to; top-k / top-p are not offered because the ratio would then need the
   truncated distribution.
-- The reward is a stand-in (answer word match); swap in a real verifier for a real task.
+- The reward is GSM8K exact match only (no format or partial credit); ``main(reward_fn=...)`` takes any
+  TRL-style reward function instead.
 - Only the policy is synced after each step; an EAGLE-3 head (``--drafter``) is not retrained, so its
   acceptance decays as the policy moves (speed only: the behaviour log-probs stay exact).
 """
@@ -32,15 +37,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import time
 from dataclasses import dataclass
 
 import torch
-from datasets import load_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from marsrl.algo import bias_metrics, group_advantages
+from marsrl.data import gsm8k_reward, load_gsm8k, prompt_messages, render_prompt
 from marsrl.engine import EngineConfig, SamplingParams
+from marsrl.metrics import pad_right, recorded, teacher_forcing
 from marsrl.rollout import PoolConfig, RolloutPool, WorkerConfig
 
 
@@ -50,10 +56,9 @@ class RecipeConfig:
     drafter: str | None = None  # EAGLE-3 head folder / hub id; None: plain sampling
     rule: str = "strict"  # strict | mars | mars_code (lossy rules must be asked for by name)
     theta: float = 0.9
-    data: str = "openai/gsm8k"  # hub id or a local .json / .jsonl file
-    data_config: str | None = "main"
-    prompt_field: str = "question"
-    answer_field: str = "answer"  # a GSM-style "... #### 42" keeps the part after ####
+    data: str = "openai/gsm8k"  # hub id or a local .jsonl / .json / .parquet file (question, answer)
+    data_config: str | None = "main"  # hub only
+    split: str = "train"  # hub only
     steps: int = 100
     prompts_per_step: int = 8
     group_size: int = 8  # G completions per prompt
@@ -80,56 +85,14 @@ def parse_args(argv=None) -> RecipeConfig:
     return RecipeConfig(**vars(parser.parse_args(argv)))
 
 
-def load_rows(cfg: RecipeConfig) -> list[tuple[str, str]]:
-    if cfg.data.endswith((".json", ".jsonl")):
-        ds = load_dataset("json", data_files=cfg.data, split="train")
-    else:
-        ds = load_dataset(cfg.data, cfg.data_config, split="train")
-    return [(row[cfg.prompt_field], str(row[cfg.answer_field])) for row in ds]
-
-
-def encode(tokenizer, prompt: str) -> list[int]:
+def encode(tokenizer, question: str) -> list[int]:
+    """The prompt ids: marsrl.data's system + user turns through the chat template, else its plain text."""
     if not tokenizer.chat_template:
-        return tokenizer(prompt)["input_ids"]
-    msgs = [{"role": "user", "content": prompt}]
+        return tokenizer(render_prompt(question))["input_ids"]
+    msgs = prompt_messages(question)
     return list(
         tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True)["input_ids"]
     )
-
-
-def reward(completion: str, answer: str) -> float:
-    """1 if the reference answer (after '####' if present) is a word of the completion, else 0."""
-    ref = answer.split("####")[-1].strip().replace(",", "")
-    words = [w.rstrip(".") for w in re.findall(r"[\w.\-]+", completion.replace(",", ""))]
-    return float(bool(ref) and ref in words)
-
-
-def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """rewards [N] (N = P * G, groups consecutive) -> advantages [N] normalised within each group."""
-    r = rewards.view(-1, group_size)
-    return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)).view(-1)
-
-
-def teacher_forced_logprobs(policy, trajs, temperature: float, pad_id: int):
-    """log pi(y_t | prefix) for every completion token: (logp [N, T], mask [N, T]), right-padded."""
-    seqs = [t.prompt_ids + t.completion_ids for t in trajs]
-    width = max(map(len, seqs))
-    device = next(policy.parameters()).device
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long, device=device)
-    attn = torch.zeros_like(ids)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s, device=device)
-        attn[i, : len(s)] = 1
-    logits = policy(input_ids=ids, attention_mask=attn).logits.float() / max(temperature, 1e-6)
-    logp_all = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    t_max = max(len(t.completion_ids) for t in trajs)
-    logp = torch.zeros(len(trajs), t_max, device=device)
-    mask = torch.zeros(len(trajs), t_max, device=device)
-    for i, t in enumerate(trajs):
-        start, n = len(t.prompt_ids) - 1, len(t.completion_ids)  # logits at p-1 predict completion[0]
-        logp[i, :n] = logp_all[i, start : start + n]
-        mask[i, :n] = 1.0
-    return logp, mask
 
 
 def grpo_loss(logp, behavior, mask, adv, clip_eps: float):
@@ -140,23 +103,20 @@ def grpo_loss(logp, behavior, mask, adv, clip_eps: float):
     surrogate = torch.minimum(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a)
     loss = -(surrogate * mask).sum() / mask.sum()
     with torch.no_grad():
-        clipped = ((ratio - 1).abs() > clip_eps).float()
-        metrics = {
-            "loss": loss.item(),
-            "is_ratio_mean": ((ratio * mask).sum() / mask.sum()).item(),
-            "is_ratio_max": ratio[mask.bool()].max().item(),
-            "clip_frac": ((clipped * mask).sum() / mask.sum()).item(),
-        }
+        clipped = ((ratio - 1).abs() > clip_eps) & mask
+        metrics = {"loss": loss.item(), "clip_frac": (clipped.sum() / mask.sum()).item()}
     return loss, metrics
 
 
-def main(argv=None) -> list[dict]:
+def main(argv=None, reward_fn=gsm8k_reward) -> list[dict]:
+    """Train; ``reward_fn(completions=texts, answer=golds) -> list[float]`` scores each completion."""
     cfg = parse_args(argv)
     torch.manual_seed(cfg.seed)
-    rows = load_rows(cfg)
+    rows = load_gsm8k(cfg.data, split=cfg.split, config=cfg.data_config)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     policy = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
-    policy.to("cuda" if torch.cuda.is_available() else "cpu").train()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    policy.to(device).train()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
     engine = EngineConfig(rule=cfg.rule, theta=cfg.theta)
     worker = WorkerConfig(target=cfg.model, drafter=cfg.drafter, engine=engine, dtype="float32")
@@ -168,7 +128,6 @@ def main(argv=None) -> list[dict]:
             num_gpus_per_actor=cfg.num_gpus_per_actor,
         )
     )
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     history = []
     try:
         for step in range(cfg.steps):
@@ -181,32 +140,45 @@ def main(argv=None) -> list[dict]:
                 n=cfg.group_size,
                 seed=cfg.seed + step,
             )
-            trajs = pool.generate([encode(tokenizer, prompt) for prompt, _ in batch], sampling)
+            trajs = pool.generate([encode(tokenizer, row["question"]) for row in batch], sampling)
             texts = tokenizer.batch_decode([t.completion_ids for t in trajs], skip_special_tokens=True)
-            answers = [answer for _, answer in batch for _ in range(cfg.group_size)]
-            rewards = torch.tensor([reward(c, a) for c, a in zip(texts, answers, strict=True)])
-            adv = group_advantages(rewards, cfg.group_size)
+            golds = [row["answer"] for row in batch for _ in range(cfg.group_size)]
+            rewards = torch.tensor(reward_fn(completions=texts, answer=golds), dtype=torch.float32)
+            adv, reward_metrics = group_advantages(rewards, cfg.group_size)
 
-            logp, mask = teacher_forced_logprobs(policy, trajs, cfg.temperature, pad_id)
-            behavior = torch.zeros_like(logp)  # b(y): what the rollout really sampled with, [N, T]
-            for i, t in enumerate(trajs):
-                behavior[i, : len(t.behavior_logprobs)] = torch.tensor(t.behavior_logprobs)
-            loss, metrics = grpo_loss(logp, behavior, mask, adv.to(logp.device), cfg.clip_eps)
+            stats, mask = teacher_forcing(policy, trajs, cfg.temperature)  # [N, T] on the policy's device
+            behavior = pad_right([t.behavior_logprobs for t in trajs], torch.float32).to(device)  # log b(y)
+            loss, metrics = grpo_loss(stats["logp"], behavior, mask, adv.to(device), cfg.clip_eps)
             optimizer.zero_grad()
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
             optimizer.step()
             sync = pool.update_weights(policy, version=step + 1)
 
+            provenance = pad_right([t.provenance for t in trajs], torch.long).to(device)
+            unsupported = recorded(trajs, "unsupported_mass")
+            _, bias = bias_metrics(
+                stats["logp"].detach(),
+                behavior,
+                stats["is_t1"],
+                stats["is_t2"],
+                stats["p_t1"],
+                stats["p_t2"],
+                provenance,
+                mask,
+                None if unsupported is None else unsupported.to(device),
+            )
+            if unsupported is None:
+                del bias["unsupported_mass"]  # not recorded by this engine: do not report a 0
             rollout = pool.last_batch
             metrics.update(
                 step=step,
-                reward=rewards.mean().item(),
+                **reward_metrics,
+                **bias,
                 grad_norm=float(grad_norm),
                 policy_version=trajs[0].policy_version,
                 rollout_tokens_per_s=rollout["tokens_per_s"],
                 rollout_tau=rollout["tau"],
-                relaxed_frac=rollout["relaxed_frac"],
                 sync_seconds=sync["seconds"],
                 step_seconds=time.perf_counter() - t0,
             )
