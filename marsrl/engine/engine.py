@@ -21,34 +21,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 
+from ..trajectory import Trajectory
 from ..verify import Provenance, VerifyResult, sample_plain, verify_chain, verify_tree
 from ..verify.dist import sample_from_weights
 from .cache import RaggedCache
 from .config import EngineConfig, SamplingParams
 from .tree import draft_tree
-
-
-@dataclass
-class Trajectory:
-    """One completion with its per-token record (all per-token lists have len(completion_ids))."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    provenance: list[int]  # Provenance codes
-    target_logprobs: list[float]  # log p(y) under the sampling distribution used at rollout
-    behavior_logprobs: list[float]  # log b(y): the probability the procedure emitted y
-    logit_ratio: list[float]  # z2 / z1 of the target's raw logits at the position
-    is_top2: list[bool]
-    draft_position: list[int]  # index in its round (0 = first token emitted by that target forward)
-    finish_reason: str  # "eos" | "stop" | "length"
-    rule: str
-    theta: float
-    stats: dict = field(default_factory=dict)  # rounds, drafted, accepted, relaxed for this sequence
-    policy_version: int | None = None  # weights version that produced it (set by rollout workers)
 
 
 class _Row:
