@@ -1,0 +1,30 @@
+"""``marsrl report``: compare the arms of one strict-vs-MARS experiment from what training left on disk
+(or in wandb offline runs) — a side-by-side table, plots with their data, highlighted sample
+completions and a verdict in plain words.  It reads; it trains nothing and recomputes no model output.
+
+Modules: ``load`` (input folders and their errors), ``table`` (figures), ``plots``, ``html``
+(completions page), ``verdict``, ``wandb_io`` (reading offline runs, logging the report back),
+``build`` (runs them in order), ``cli``.  The names below are imported on first use, so that building
+the ``marsrl`` parser (``cli.add_report_parser``) imports neither torch, matplotlib nor wandb.
+"""
+
+from importlib import import_module
+
+_EXPORTS = {
+    "Arm": "load",
+    "Experiment": "load",
+    "ReportError": "load",
+    "load_experiment": "load",
+    "Report": "build",
+    "build_report": "build",
+    "log_report_to_wandb": "wandb_io",
+    "read_wandb_history": "wandb_io",
+    "read_wandb_run": "wandb_io",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

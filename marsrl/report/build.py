@@ -1,0 +1,64 @@
+"""Build the whole report of one experiment into ``<OUT_DIR>/report/``: the side-by-side table
+(``table.md``, ``table.json``), the plots with their CSVs, ``completions.html`` and ``verdict.txt``;
+optionally log it into each arm's wandb run.  The steps are the modules of this package; this file only
+runs them in order and writes their outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .load import REPORT_DIR, Experiment, ReportError, load_experiment
+from .plots import write_plots
+from .table import FINAL_FRAC, format_markdown, summarize_arm, table_cells, table_json
+from .verdict import verdict
+
+
+@dataclass
+class Report:
+    experiment: Experiment
+    out_dir: Path
+    summaries: dict[str, dict]
+    table: str
+    verdict: str
+    verdict_metrics: dict
+    plots: dict
+    skipped_plots: list[str]
+    wandb_runs: dict = field(default_factory=dict)
+
+
+def build_report(
+    path: str | Path,
+    out_dir: str | Path | None = None,
+    final_frac: float = FINAL_FRAC,
+    samples_per_arm: int = 20,
+    to_wandb: bool = False,
+) -> Report:
+    """Read ``path`` (see ``load_experiment``), write every report file and return what was computed."""
+    if not 0 < final_frac <= 1:
+        raise ReportError(f"--final-frac must be in (0, 1], got {final_frac}")
+    exp = load_experiment(path)
+    from .html import completions_html  # imports torch (for the provenance codes): only once input is valid
+
+    out = Path(out_dir) if out_dir is not None else exp.path / REPORT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    names = [a.name for a in exp.arms]
+    summaries = {a.name: summarize_arm(a, final_frac) for a in exp.arms}
+    rows = table_cells(summaries, final_frac)
+    table = format_markdown(rows, names)
+    text, metrics = verdict(exp.arms, summaries)
+    (out / "table.md").write_text(f"# {exp.name}\n\n{table}\n")
+    data = table_json(exp.name, summaries, rows, final_frac)
+    data["verdict"] = {"text": text, "metrics": metrics}
+    (out / "table.json").write_text(json.dumps(data, indent=2, allow_nan=False))
+    (out / "verdict.txt").write_text(text + "\n")
+    plots, skipped = write_plots(exp.arms, out)
+    (out / "completions.html").write_text(completions_html(exp.name, exp.arms, samples_per_arm))
+    report = Report(exp, out, summaries, table, text, metrics, plots, skipped)
+    if to_wandb:
+        from .wandb_io import log_report_to_wandb
+
+        report.wandb_runs = log_report_to_wandb(out, exp.arms, max_samples=samples_per_arm)
+    return report

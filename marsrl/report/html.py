@@ -1,0 +1,120 @@
+"""``completions.html``: sample completions of every arm, one span per token, relaxed tokens highlighted
+and each token's provenance, target log-prob and behaviour log-prob in its hover text (``title``).
+
+All text from the samples (prompt, completion, tokens) is HTML-escaped.  PAD positions (provenance 0)
+are not shown.  A sample without a ``tokens`` list shows its completion text unhighlighted.
+"""
+
+from __future__ import annotations
+
+import html
+
+from ..verify.types import Provenance
+from .load import Arm, finite
+
+PROVENANCE_NAMES: dict[int, str] = {int(p): p.name.lower() for p in Provenance}
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em; max-width: 70em; }
+h2 { border-bottom: 1px solid #ccc; }
+.sample { margin: 1em 0; padding: 0.6em 0.8em; border: 1px solid #ddd; border-radius: 4px; }
+.meta { color: #555; font-size: 0.9em; }
+.prompt { white-space: pre-wrap; color: #333; background: #f6f6f6; padding: 0.3em; }
+.completion { white-space: pre-wrap; font-family: ui-monospace, monospace; line-height: 1.6; }
+.tok:hover { outline: 1px solid #888; }
+.p-relaxed { background: #ffb347; }
+.p-resampled { text-decoration: underline dotted #1f77b4; }
+.p-bonus { background: #d6ecff; }
+.p-unknown { background: #eee; }
+"""
+
+_INLINE = {  # the same highlighting for a standalone fragment (a wandb.Html cell has no stylesheet)
+    "relaxed": "background:#ffb347",
+    "resampled": "text-decoration:underline dotted #1f77b4",
+    "bonus": "background:#d6ecff",
+}
+
+
+def select_samples(samples: list[dict], n: int) -> list[dict]:
+    """At most ``n`` samples, evenly spread over the file (first and last included), in file order."""
+    if n <= 0:
+        return []
+    if len(samples) <= n:
+        return list(samples)
+    if n == 1:
+        return [samples[-1]]
+    return [samples[round(i * (len(samples) - 1) / (n - 1))] for i in range(n)]
+
+
+def _lp(value) -> str:
+    return f"{value:.4f}" if finite(value) else "n/a"
+
+
+def _at(seq, i):
+    return seq[i] if seq is not None and i < len(seq) else None
+
+
+def sample_html(sample: dict, standalone: bool = False) -> str:
+    """The completion of one sample as token spans (``standalone``: inline styles instead of classes)."""
+    tokens = sample.get("tokens")
+    if not tokens:
+        return f'<span class="tok">{html.escape(str(sample.get("completion", "")))}</span>'
+    prov = sample.get("provenance") or []
+    target, behavior = sample.get("target_logprobs"), sample.get("behavior_logprobs")
+    spans = []
+    for i, tok in enumerate(tokens):
+        code = _at(prov, i)
+        if code == int(Provenance.PAD):
+            continue
+        name = PROVENANCE_NAMES.get(code, "unknown") if code is not None else "unknown"
+        title = f"{name} · target log p {_lp(_at(target, i))} · behaviour log p {_lp(_at(behavior, i))}"
+        if standalone:
+            style = _INLINE.get(name)
+            attr = f' style="{style}"' if style else ""
+        else:
+            attr = f' class="tok p-{name}"'
+        spans.append(f'<span{attr} title="{html.escape(title)}">{html.escape(str(tok))}</span>')
+    return "".join(spans)
+
+
+def _relaxed_share(samples: list[dict]) -> float | None:
+    prov = [p for s in samples for p in (s.get("provenance") or []) if p != int(Provenance.PAD)]
+    return sum(p == int(Provenance.RELAXED) for p in prov) / len(prov) if prov else None
+
+
+def completions_html(experiment: str, arms: list[Arm], per_arm: int = 20) -> str:
+    """The whole page: a legend, then per arm up to ``per_arm`` samples (``select_samples``)."""
+    esc = html.escape
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{esc(experiment)}: sample completions</title><style>{_CSS}</style></head><body>",
+        f"<h1>{esc(experiment)}: sample completions</h1>",
+        '<p class="meta">Hover a token for its provenance and log-probs. '
+        '<span class="p-relaxed">relaxed</span> (kept only by the margin rule) · '
+        '<span class="p-resampled">resampled</span> · <span class="p-bonus">bonus</span> · '
+        "accepted tokens are plain.</p>",
+    ]
+    for arm in arms:
+        shown = select_samples(arm.samples, per_arm)
+        share = _relaxed_share(arm.samples)
+        rule = f" (rule {esc(str(arm.rule))})" if arm.rule else ""
+        parts.append(f'<h2 id="arm-{esc(arm.name)}">{esc(arm.name)}{rule}</h2>')
+        summary = f"{len(shown)} of {len(arm.samples)} samples"
+        if share is not None:
+            summary += f"; relaxed tokens {100 * share:.2f}% of all sample tokens"
+        parts.append(f'<p class="meta">{summary}</p>')
+        for s in shown:
+            reward = s.get("reward")
+            reward_text = f"{reward:.4g}" if finite(reward) else "n/a"
+            prov = [p for p in (s.get("provenance") or []) if p != int(Provenance.PAD)]
+            relaxed = sum(p == int(Provenance.RELAXED) for p in prov)
+            parts.append(
+                '<div class="sample">'
+                f'<div class="meta">step {esc(str(s.get("step", "n/a")))} · reward {reward_text} · '
+                f"{len(prov)} tokens, {relaxed} relaxed</div>"
+                f'<div class="prompt">{esc(str(s.get("prompt", "")))}</div>'
+                f'<div class="completion">{sample_html(s)}</div></div>'
+            )
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,70 @@
+"""Each plot's CSV is exactly the metric rows (gaps where a value is missing), and each PNG decodes."""
+
+import math
+
+import pytest
+from matplotlib.image import imread
+
+from marsrl.report.load import load_experiment
+from marsrl.report.plots import PLOTS, read_series_csv, write_plots
+
+from .helpers import metric_rows, write_experiment
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _value(row, key):
+    v = row.get(key)
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def test_every_plot_written(built):
+    _, report = built
+    assert set(report.plots) == set(PLOTS) and report.skipped_plots == []
+
+
+@pytest.mark.parametrize("name", sorted(PLOTS))
+def test_csv_is_the_rows_and_png_decodes(built, name):
+    out, _ = built
+    spec = PLOTS[name]
+    series = read_series_csv(out / "report" / f"{name}.csv")
+    assert [p["arm"] for p in series] == [a for a in ("strict", "mars", "mars_code") for _ in range(10)]
+    for arm in ("strict", "mars", "mars_code"):
+        got = [p for p in series if p["arm"] == arm]
+        rows = metric_rows(arm)
+        assert [p["x"] for p in got] == [r[spec.x] for r in rows]
+        assert [p["y"] for p in got] == [_value(r, spec.y) for r in rows]
+        if spec.se:
+            for p, r in zip(got, rows, strict=True):
+                if p["y"] is None:
+                    assert p["y_low"] is None and p["y_high"] is None
+                else:
+                    assert p["y_low"] == pytest.approx(r[spec.y] - r[spec.se])
+                    assert p["y_high"] == pytest.approx(r[spec.y] + r[spec.se])
+    png = out / "report" / f"{name}.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    img = imread(png)
+    assert img.shape[0] == 400 and img.shape[1] == 640 and img.std() > 0  # 6.4 x 4 in at 100 dpi, not blank
+
+
+def test_gaps_are_kept_in_the_csv(built):
+    out, _ = built
+    tau = [p for p in read_series_csv(out / "report" / "tau.csv") if p["arm"] == "mars"]
+    assert tau[5]["y"] is None and tau[4]["y"] == pytest.approx(3.04)
+    loss = [p for p in read_series_csv(out / "report" / "draft_loss.csv") if p["arm"] == "strict"]
+    assert loss[7]["y"] is None and loss[8]["y"] == pytest.approx(2.2)
+
+
+def test_arm_or_plot_without_the_metric(tmp_path):
+    out = write_experiment(tmp_path, arms=("strict", "mars"))
+    (out / "report").mkdir()
+    exp = load_experiment(out)
+    for row in exp.arms[0].rows:  # strict never logged relaxed_frac; nobody logged the draft loss
+        row.pop("train/rollout/relaxed_frac")
+    for arm in exp.arms:
+        for row in arm.rows:
+            row.pop("train/draft/loss", None)
+    plots = {k: PLOTS[k] for k in ("relaxed_frac", "draft_loss")}
+    written, skipped = write_plots(exp.arms, out / "report", plots)
+    assert skipped == ["draft_loss"] and not (out / "report" / "draft_loss.png").exists()
+    assert {p["arm"] for p in read_series_csv(written["relaxed_frac"]["csv"])} == {"mars"}
