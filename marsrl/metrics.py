@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import algo
+from .trajectory import collate
 
 # model_type -> logits are last_hidden_state @ lm_head.weight.T (no softcap, logit scale or bias)
 _PLAIN_HEAD = frozenset({"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
@@ -24,14 +25,6 @@ def pad_right(rows: list, dtype: torch.dtype, value=0) -> torch.Tensor:
     for i, r in enumerate(rows):
         out[i, : len(r)] = torch.as_tensor(r, dtype=dtype)
     return out
-
-
-def recorded(trajectories, key: str, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
-    """The per-token record ``key`` of every trajectory as [N, T] (right-padded with 0), or None when
-    some trajectory does not record it (e.g. ``unsupported_mass`` from an engine that does not)."""
-    if not trajectories or any(getattr(t, key, None) is None for t in trajectories):
-        return None
-    return pad_right([getattr(t, key) for t in trajectories], dtype)
 
 
 def _completion_mask(lengths: list[int]) -> torch.Tensor:
@@ -57,7 +50,7 @@ def teacher_forcing(model, trajectories, temperature: float = 1.0, chunk_size: i
     pos = (prompt_lens[:, None] - 1 + torch.arange(mask.shape[1])).clamp(max=ids.shape[1] - 1).to(device)
     head = model.get_output_embeddings()
     inputs = {"input_ids": ids, "attention_mask": attn.long().to(device)}
-    if model.config.model_type in _PLAIN_HEAD and head.bias is None:
+    if model.config.model_type in _PLAIN_HEAD and isinstance(head, torch.nn.Linear) and head.bias is None:
         hidden = model.base_model(**inputs).last_hidden_state  # [N, L, H]
         hidden = hidden.gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))  # [N, T, H]
         stats, _ = algo.token_stats(
@@ -85,19 +78,19 @@ def teacher_forced(target, trajectories, temperature: float = 1.0, batch_size: i
 
 
 def bias_metrics(trajectories, forced: list[dict]) -> dict[str, float]:
-    """The bias figures of a batch (``marsrl.algo.bias_metrics``), from trajectories and their
-    ``teacher_forced`` recomputation; ``unsupported_mass`` when every trajectory records it."""
-    lengths = [len(t.provenance) for t in trajectories]
+    """The bias figures of a batch (``marsrl.algo.bias_metrics``), from trajectories (``collate``d) and
+    their ``teacher_forced`` recomputation."""
+    batch = collate(trajectories)
     pad = {k: pad_right([f[k] for f in forced], torch.float64) for k in algo.STAT_KEYS}
     _, figures = algo.bias_metrics(
         pad["logp"],
-        pad_right([t.behavior_logprobs for t in trajectories], torch.float64),
+        batch["behavior_logprobs"],
         pad["is_t1"].bool(),
         pad["is_t2"].bool(),
         pad["p_t1"],
         pad["p_t2"],
-        pad_right([t.provenance for t in trajectories], torch.long),
-        _completion_mask(lengths),
-        recorded(trajectories, "unsupported_mass", torch.float64),
+        batch["provenance"],
+        batch["mask"],
+        batch["unsupported_mass"],
     )
     return figures

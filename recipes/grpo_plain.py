@@ -46,8 +46,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from marsrl.algo import bias_metrics, group_advantages
 from marsrl.data import gsm8k_reward, load_gsm8k, prompt_messages, render_prompt
 from marsrl.engine import EngineConfig, SamplingParams
-from marsrl.metrics import pad_right, recorded, teacher_forcing
+from marsrl.metrics import teacher_forcing
 from marsrl.rollout import PoolConfig, RolloutPool, WorkerConfig
+from marsrl.trajectory import collate
 
 
 @dataclass
@@ -147,7 +148,8 @@ def main(argv=None, reward_fn=gsm8k_reward) -> list[dict]:
             adv, reward_metrics = group_advantages(rewards, cfg.group_size)
 
             stats, mask = teacher_forcing(policy, trajs, cfg.temperature)  # [N, T] on the policy's device
-            behavior = pad_right([t.behavior_logprobs for t in trajs], torch.float32).to(device)  # log b(y)
+            record = collate(trajs, device)  # the rollout's per-token record, [N, T]; its mask is the same
+            behavior = record["behavior_logprobs"]  # log b(y)
             loss, metrics = grpo_loss(stats["logp"], behavior, mask, adv.to(device), cfg.clip_eps)
             optimizer.zero_grad()
             loss.backward()
@@ -155,8 +157,6 @@ def main(argv=None, reward_fn=gsm8k_reward) -> list[dict]:
             optimizer.step()
             sync = pool.update_weights(policy, version=step + 1)
 
-            provenance = pad_right([t.provenance for t in trajs], torch.long).to(device)
-            unsupported = recorded(trajs, "unsupported_mass")
             _, bias = bias_metrics(
                 stats["logp"].detach(),
                 behavior,
@@ -164,12 +164,10 @@ def main(argv=None, reward_fn=gsm8k_reward) -> list[dict]:
                 stats["is_t2"],
                 stats["p_t1"],
                 stats["p_t2"],
-                provenance,
+                record["provenance"],
                 mask,
-                None if unsupported is None else unsupported.to(device),
+                record["unsupported_mass"],
             )
-            if unsupported is None:
-                del bias["unsupported_mass"]  # not recorded by this engine: do not report a 0
             rollout = pool.last_batch
             metrics.update(
                 step=step,

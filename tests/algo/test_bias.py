@@ -2,13 +2,13 @@
 trajectory-level wrapper ``marsrl.metrics.bias_metrics`` against the code it replaced."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from marsrl import metrics
 from marsrl.algo import bias_metrics
+from marsrl.trajectory import Trajectory
 from marsrl.verify import Provenance
 from tests.algo import legacy
 from tests.algo.helpers import padded_mask
@@ -79,7 +79,7 @@ def test_equal_policy_and_behaviour_give_unit_ratios():
 
 
 def _trajectories(seed, n=7):
-    """Fake trajectories with their teacher-forced records, ragged lengths (at least one token)."""
+    """Trajectories with their teacher-forced records, ragged lengths (at least one token)."""
     gen = torch.Generator().manual_seed(seed)
     trajs, forced = [], []
     for _ in range(n):
@@ -88,9 +88,18 @@ def _trajectories(seed, n=7):
         p1 = 0.3 + 0.6 * torch.rand(k, generator=gen)
         rank = torch.randint(0, 3, (k,), generator=gen)
         trajs.append(
-            SimpleNamespace(
+            Trajectory(
+                prompt_ids=[1, 2],
+                completion_ids=torch.randint(0, 50, (k,), generator=gen).tolist(),
                 provenance=torch.randint(1, 5, (k,), generator=gen).tolist(),
+                target_logprobs=behavior.tolist(),
                 behavior_logprobs=behavior.tolist(),
+                logit_ratio=[0.5] * k,
+                is_top2=(rank == 1).tolist(),
+                draft_position=list(range(k)),
+                finish_reason="length",
+                rule="mars",
+                theta=0.9,
             )
         )
         forced.append(
@@ -112,7 +121,7 @@ def test_trajectory_wrapper_equals_the_code_it_replaced(seed):
     new = metrics.bias_metrics(trajs, forced)
     for k, v in old.items():
         assert abs(new[k] - v) <= 1e-6 * max(1.0, abs(v)), k
-    assert new["unsupported_mass"] == 0.0  # no trajectory records it
+    assert new["unsupported_mass"] == 0.0  # a record without it reads as zeros
 
 
 def test_trajectory_wrapper_reads_unsupported_mass_when_recorded():
