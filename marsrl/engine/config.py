@@ -32,6 +32,11 @@ class EngineConfig:
 
     rule: Rule = "strict"  # "strict" (lossless) | "mars" | "mars_code"; lossy rules must be asked for
     theta: float = DEFAULT_THETA  # MARS margin threshold on z2/z1
+    # lambda in [0, 1] (rule "mars"): where the rule would relax, relax with this probability (the strict
+    # test's uniform decides), so pi / b <= 1 / (1 - lambda) per chain token (1 / (1 - lambda)^2 at a tree
+    # node) and the run stays correctable; 1 = the paper (a greedy draft's b can hit 0), 0 = strict.  At
+    # temperature 0 only 0 and 1 are allowed; "mars_code" needs 1
+    relax_prob: float = 1.0
     num_draft_tokens: int = 7  # K for chain drafting (the most drafts a round can verify)
     # chain drafting stops early for a row once the draft's own probability of its chain so far (the
     # product of its per-token probabilities) falls below this; the row still verifies the token drafted
@@ -48,6 +53,14 @@ class EngineConfig:
             raise ValueError(f"rule must be one of {list(RULES)}, got {self.rule!r}")
         if not self.theta >= 0:
             raise ValueError(f"theta must be >= 0, got {self.theta}")
+        lam = self.relax_prob
+        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0 <= lam <= 1:
+            raise ValueError(f"relax_prob must be a number in [0, 1], got {lam!r}")
+        if self.rule == "mars_code" and lam != 1:
+            raise ValueError(
+                f"relax_prob = {lam} with rule 'mars_code', which reproduces the released code's "
+                "deterministic relaxation: set relax_prob = 1, or rule = 'mars' for a relaxation probability"
+            )
         if self.num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
         if not 0.0 <= self.draft_confidence < 1.0:

@@ -95,6 +95,13 @@ class SpeculativeEngine:
     ) -> list[Trajectory]:
         """Complete every prompt ``sampling.n`` times; returns trajectories grouped by prompt, in order."""
         sampling = sampling or SamplingParams()
+        lam = self.config.relax_prob
+        greedy_mars = self.drafter is not None and self.config.rule == "mars" and sampling.temperature == 0
+        if greedy_mars and 0 < lam < 1:
+            raise ValueError(
+                f"relax_prob = {lam} needs a random draw and greedy decoding (temperature 0) makes none: "
+                "use relax_prob 0 or 1 in the EngineConfig, or temperature > 0"
+            )
         prompts = self._check_prompts(prompt_ids)
         eos = self._eos_ids(sampling)
         gen = torch.Generator(device=self.device).manual_seed(sampling.seed)
@@ -207,7 +214,14 @@ class SpeculativeEngine:
         start = tcache.width
         hidden, feats = self._target_hidden(block, pos, mask, tcache)
         res = verify_chain(
-            self._lm_head(hidden), drafts, probs, rule=cfg.rule, theta=cfg.theta, num_drafts=n_drafts, **kw
+            self._lm_head(hidden),
+            drafts,
+            probs,
+            rule=cfg.rule,
+            theta=cfg.theta,
+            relax_prob=cfg.relax_prob,
+            num_drafts=n_drafts,
+            **kw,
         )
         order = torch.arange(k + 1, device=dev).expand(bsz, k + 1)
         tcache.commit(start, order, res.num_emitted)
@@ -236,6 +250,7 @@ class SpeculativeEngine:
             tree.node_probs,
             rule=cfg.rule,
             theta=cfg.theta,
+            relax_prob=cfg.relax_prob,
             **kw,
         )
         # keep the root and the accepted nodes, in path order (block index = node + 1)
@@ -335,6 +350,7 @@ class SpeculativeEngine:
             finish_reason=row.finish or "length",
             rule=self.config.rule if self.drafter is not None else "strict",
             theta=self.config.theta,
+            relax_prob=self.config.relax_prob,
             stats=dict(rounds=row.rounds, drafted=row.drafted, accepted=row.accepted, relaxed=row.relaxed),
             **row.record,
         )

@@ -6,7 +6,10 @@ One round, for each row independently (column j < K verifies draft x_j; column K
     u_j ~ U[0,1)                              p = target sampling dist. (T, top-k, top-p)
     strict ok   :  u_j * q(x_j) < p(x_j)      q = draft dist. (one-hot for a greedy draft)
     R (mars)    :  z1 > 0 and z2/z1 > theta   on the RAW logits at position j
-    mars        :  ok, or (R and x_j in {t1, t2})            -> RELAXED when only R saved it
+    mars        :  ok, or (R and x_j in {t1, t2} and lucky)  -> RELAXED when only R saved it
+    lucky       :  u_j q(x_j) < p(x_j) + lam (q(x_j) - p(x_j)), i.e. u_j < a + lam (1 - a), a = min(1, p/q):
+                   the same uniform, so the relaxation is taken with probability lam = relax_prob once the
+                   strict test failed; lam = 1 (the paper) always, lam = 0 never (strict, bit for bit)
     mars_code   :  r > theta ? x_j in {t1, t2}  :  u_j * q(x_j) < p(x_j)
     first failure j*: close with y ~ residual (strict/mars: max(0, p - q); mars_code: full p if r > theta,
                       else p with only p(x) lowered to max(0, p(x) - q(x)));  all accepted: y ~ p at K
@@ -14,7 +17,12 @@ One round, for each row independently (column j < K verifies draft x_j; column K
 
 At T = 0 the sampling distribution is the point mass on t1 = argmax z: the same formulas with u = 0
 give greedy strict (accept x == t1) and greedy mars (also x == t2 under R); the closing token is t1.
-mars_code at T = 0 is strict (the released code does not relax in greedy mode).
+mars_code at T = 0 is strict (the released code does not relax in greedy mode).  relax_prob at T = 0:
+1 is the paper's greedy rule, 0 strict greedy; a value in between is refused (it needs a random draw,
+and greedy verification makes none).  mars_code refuses relax_prob != 1 (it reproduces released code).
+
+Behaviour under mars with relax_prob lam (closed form, chain): b(y) = p(y) + lam delta(y) - lam D res(y)
+(``../spec/mars.md``), so b >= (1 - lam) p and pi / b <= 1 / (1 - lam) at every position.
 
 Behaviour probabilities b (the chance the procedure emits y at a position, marginal over x ~ q) are the
 closed forms of ``../spec/mars.md``; the enumerated versions live in ``reference.py`` (tests compare).
@@ -43,6 +51,7 @@ import torch
 from .dist import (
     TargetDist,
     block_rows,
+    check_relax_prob,
     check_scalars,
     dist_logp,
     dist_probs,
@@ -68,6 +77,7 @@ class _Pos(NamedTuple):
     q_x: torch.Tensor  # float64 q(x)
     in_top2: torch.Tensor  # bool x in {t1, t2}
     relax: torch.Tensor  # bool margin condition of the rule (R for mars, r > theta for mars_code)
+    lam: float  # relax_prob: the probability of relaxing once the strict test failed (mars)
 
 
 def _accept_strict(s: _Pos) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,6 +88,10 @@ def _accept_strict(s: _Pos) -> tuple[torch.Tensor, torch.Tensor]:
 def _accept_mars(s: _Pos) -> tuple[torch.Tensor, torch.Tensor]:
     ok = s.u * s.q_x < s.p_x
     relaxed = ~ok & s.relax & s.in_top2
+    if s.lam < 1:  # lam = 1 relaxes wherever allowed (u < 1), with no rounding in the way
+        # the next lam (1 - a) of the uniform's range: u < a + lam (1 - a)  <=>  u q < p + lam (q - p)
+        # (q > p wherever the strict test failed); lam = 0 gives back the strict test exactly
+        relaxed &= s.u * s.q_x < s.p_x + s.lam * (s.q_x - s.p_x)
     return ok | relaxed, relaxed
 
 
@@ -105,6 +119,7 @@ class _Probs(NamedTuple):
     y_is_t1: torch.Tensor  # bool
     y_is_t2: torch.Tensor  # bool
     relax: torch.Tensor  # bool, the rule's margin condition
+    lam: float  # relax_prob
 
 
 def _behavior_strict(pr: _Probs, full_sum: Callable) -> torch.Tensor:
@@ -112,11 +127,12 @@ def _behavior_strict(pr: _Probs, full_sum: Callable) -> torch.Tensor:
 
 
 def _behavior_mars(pr: _Probs, full_sum: Callable) -> torch.Tensor:
-    # b(y) = p(y) + delta(y) - D * res(y),  delta(v) = R [v in T] max(0, q(v) - p(v)),
+    # b(y) = p(y) + lam delta(y) - lam D res(y),  delta(v) = R [v in T] max(0, q(v) - p(v)),
     # D = delta(t1) + delta(t2),
     # res(y) = max(0, p(y) - q(y)) / Z,  Z = sum_v max(0, p(v) - q(v))  (the strict residual mass)
-    d1 = pr.relax * (pr.q_t1 - pr.p_t1).clamp_min(0)
-    d2 = pr.relax * (pr.q_t2 - pr.p_t2).clamp_min(0)
+    # (d1, d2 and big_d below carry the factor lam)
+    d1 = pr.lam * (pr.relax * (pr.q_t1 - pr.p_t1).clamp_min(0))
+    d2 = pr.lam * (pr.relax * (pr.q_t2 - pr.p_t2).clamp_min(0))
     big_d = d1 + d2
     # Z only matters where D > 0 and y has residual mass (p(y) > q(y)); relaxed tokens have none
     z_mass = full_sum("residual_mass", (big_d > 0) & (pr.p_y > pr.q_y))
@@ -158,6 +174,7 @@ def verify_chain(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     num_drafts: torch.Tensor | None = None,
+    relax_prob: float = 1.0,
 ) -> VerifyResult:
     """Verify one round of K drafted tokens per row.
 
@@ -175,11 +192,16 @@ def verify_chain(
             closing token is the bonus draw from p at column n.  Columns >= n are never verified (their
             ids must still be valid and their draft_probs rows distributions, but their values do not
             change the result).  None: every row has K.  Lets a drafter stop early per row.
+        relax_prob: lam in [0, 1], mars only: where the rule would relax, relax with probability lam
+            (the same uniform as the strict test), so a drafted x is accepted with a + lam (1 - a).
+            1 is the paper's rule, 0 is strict (both bit for bit).  mars_code needs 1; at T = 0 only 0
+            and 1 are allowed (see the module docstring).
 
     Returns:
         VerifyResult, each field [B, K+1] (``num_emitted`` [B]); see ``types.VerifyResult``.
     """
     check_scalars(rule, _ACCEPT, temperature, theta, top_k, top_p)
+    check_relax_prob(relax_prob, rule, temperature)
     _check_chain_shapes(target_logits, draft_tokens, draft_probs)
     z = target_logits
     bsz, k1, vocab = z.shape
@@ -233,6 +255,7 @@ def verify_chain(
         q_x=q_at(draft_tokens),
         in_top2=(draft_tokens == top_t1) | (draft_tokens == top_t2),
         relax=relax[:, :k],
+        lam=float(relax_prob),
     )
     accept, relaxed = _ACCEPT[rule_eff](pos)  # [B, K] each
     col_idx = torch.arange(k1, device=dev).unsqueeze(0)  # [1, K+1]
@@ -290,6 +313,7 @@ def verify_chain(
         y_is_t1=y_d == top_t1,
         y_is_t2=y_d == top_t2,
         relax=pos.relax,
+        lam=float(relax_prob),
     )
     behavior[:, :k] = _BEHAVIOR[rule_eff](probs, full_sum).clamp_min(0).log()
     if num_drafts is not None:  # a bonus before column K (the row's chain was shorter): b = p there too

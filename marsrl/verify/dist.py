@@ -208,6 +208,23 @@ def check_scalars(rule: str, rules, temperature: float, theta: float, top_k, top
         raise ValueError(f"top_p must be None or in (0, 1], got {top_p!r}")
 
 
+def check_relax_prob(relax_prob: float, rule: str, temperature: float) -> None:
+    """Raise ValueError naming relax_prob when it is outside [0, 1] (or NaN), when it is not 1 under
+    mars_code, or strictly between 0 and 1 at T = 0 under mars (no tensor work)."""
+    if isinstance(relax_prob, bool) or not isinstance(relax_prob, (int, float)) or not 0 <= relax_prob <= 1:
+        raise ValueError(f"relax_prob must be a number in [0, 1], got {relax_prob!r}")
+    if rule == "mars_code" and relax_prob != 1:
+        raise ValueError(
+            f"relax_prob = {relax_prob} with rule 'mars_code': that rule reproduces the released code, which "
+            "relaxes deterministically; use rule 'mars' for a relaxation probability, or relax_prob = 1"
+        )
+    if rule == "mars" and temperature == 0 and 0 < relax_prob < 1:
+        raise ValueError(
+            f"relax_prob = {relax_prob} needs a random draw, and greedy verification (temperature 0) makes "
+            "none: use relax_prob 0 (strict greedy) or 1 (the paper's greedy rule), or temperature > 0"
+        )
+
+
 def raise_on_flags(flags: dict[str, torch.Tensor]) -> None:
     """One host sync for all data checks: each value is a 0-d bool tensor, True meaning 'bad'."""
     if not flags:

@@ -22,6 +22,9 @@ Conventions the fast code must share to match exactly:
   At T == 0 no uniform is read (``uniforms`` may be None) and the closing token is t1.
 * Strict test: ACCEPTED iff ``u * q(x) < p(x)`` (chain) / ``u * rem < p_adj(s)`` (tree, q = 1) /
   ``u * q * rem < p_adj(s)`` (tree, mars_code). A rejected uniform is never reused for the draw.
+* relax_prob lam (mars): a relaxable draft that failed the strict test is RELAXED iff lam == 1 or
+  ``u * q(x) < p(x) + lam * (q(x) - p(x))`` (tree: ``u * rem < p_adj(s) + lam * (rem - p_adj(s))``),
+  i.e. u < a + lam (1 - a) on the same uniform. It must be 1 under mars_code, and 0 or 1 at T == 0.
 * Drawing from unnormalised weights w with uniform u: the first index whose cumulative weight is
   strictly greater than ``u * sum(w)`` (``searchsorted(cumsum(w), u * total, right=True)``, clamped
   to V - 1); zero-weight tokens are never drawn.
@@ -132,12 +135,13 @@ class _Position:
     relax: bool  # R (mars) or Rc (mars_code); False for strict
     rule: str
     temperature: float
+    relax_prob: float = 1.0  # lam: the chance of relaxing once the strict test failed (mars)
 
     def in_top2(self, token: int) -> bool:
         return token in (self.t1, self.t2)
 
 
-def _position(logits_row, rule, temperature, theta, top_k, top_p) -> _Position:
+def _position(logits_row, rule, temperature, theta, top_k, top_p, relax_prob) -> _Position:
     t1, t2, z1, z2 = reference_top2(logits_row)
     return _Position(
         p=reference_sampling_probs(logits_row, temperature, top_k, top_p),
@@ -147,7 +151,18 @@ def _position(logits_row, rule, temperature, theta, top_k, top_p) -> _Position:
         relax=reference_relax_flag(z1, z2, theta, rule, temperature),
         rule=rule,
         temperature=temperature,
+        relax_prob=relax_prob,
     )
+
+
+def _relaxed_accept(a: float, lam: float) -> float:
+    """The chance a relaxable draft is accepted: a + lam (1 - a) (exactly 1 at lam == 1)."""
+    return 1.0 if lam >= 1 else a + lam * (1.0 - a)
+
+
+def _lucky(u: float, scale: float, p: float, lam: float) -> bool:
+    """Whether a relaxable draft that failed the strict test ``u * scale < p`` is relaxed."""
+    return lam >= 1 or u * scale < p + lam * (scale - p)
 
 
 def _bounded_ratio(num: float, den: float) -> float:
@@ -171,6 +186,17 @@ def _log(prob: float) -> float:
     return math.log(prob) if prob > 0 else -math.inf
 
 
+def _bare_position(p, t1, t2, relax_flag, rule, temperature, relax_prob) -> _Position:
+    """A _Position from an explicit p and relax flag (the behaviour enumerations' entry point)."""
+    _check_rule(rule)
+    _check_relax_prob(relax_prob, rule, temperature)
+    relax = bool(relax_flag) and rule != "strict" and not (rule == "mars_code" and temperature == 0)
+    return _Position(
+        p=p.double(), t1=t1, t2=t2, ratio=math.nan, relax=relax, rule=rule, temperature=temperature,
+        relax_prob=float(relax_prob),
+    )  # fmt: skip
+
+
 # ----------------------------------------------------------------------------------------------------
 # Chain rules: one candidate x at one position
 # ----------------------------------------------------------------------------------------------------
@@ -184,10 +210,10 @@ def _chain_step(pos: _Position, q: torch.Tensor, x: int, u: float | None) -> tup
     where the outcome needs no uniform (T == 0, mars_code relaxing).
     """
     if pos.temperature == 0:
-        # p is the one-hot on t1: strict accepts exactly t1; mars also a t2 at a near tie.
+        # p is the one-hot on t1: strict accepts exactly t1; mars also a t2 at a near tie (lam is 0 or 1).
         if x == pos.t1:
             return 1.0, Provenance.ACCEPTED
-        if pos.rule == "mars" and pos.relax and x == pos.t2:
+        if pos.rule == "mars" and pos.relax and x == pos.t2 and pos.relax_prob > 0:
             return 1.0, Provenance.RELAXED
         return 0.0, None
 
@@ -197,12 +223,14 @@ def _chain_step(pos: _Position, q: torch.Tensor, x: int, u: float | None) -> tup
 
     p_x, q_x = float(pos.p[x]), float(q[x])
     relaxed_ok = pos.rule == "mars" and pos.relax and pos.in_top2(x)
-    a = 1.0 if relaxed_ok else _bounded_ratio(p_x, q_x)
+    a = _bounded_ratio(p_x, q_x)
+    if relaxed_ok:
+        a = _relaxed_accept(a, pos.relax_prob)
     if u is None:
         return a, None
     if u * q_x < p_x:  # the strict test is always tried first, so ACCEPTED means "strict would accept"
         return a, Provenance.ACCEPTED
-    if relaxed_ok:
+    if relaxed_ok and _lucky(u, q_x, p_x, pos.relax_prob):
         return a, Provenance.RELAXED
     return a, None
 
@@ -232,20 +260,18 @@ def reference_behavior_distribution_chain(
     R: bool,
     rule: Rule,
     temperature: float,
+    relax_prob: float = 1.0,
 ) -> torch.Tensor:
     """b [V] float64: the probability that one chain position emits each token, by enumeration.
 
     b(y) = sum over x with q(x) > 0 of q(x) * [a(x) * 1{y == x} + (1 - a(x)) * w_x(y) / sum(w_x)].
     R is the rule's relax flag (R for mars, Rc for mars_code; ignored by strict and at T == 0 by
-    mars_code). q is used as given (not renormalised), so b sums to sum(q).
+    mars_code). q is used as given (not renormalised), so b sums to sum(q). relax_prob: lam (mars).
     """
-    _check_rule(rule)
-    p = p.double()
+    pos = _bare_position(p, t1, t2, R, rule, temperature, relax_prob)
     q = q.double()
-    relax = bool(R) and rule != "strict" and not (rule == "mars_code" and temperature == 0)
-    pos = _Position(p=p, t1=t1, t2=t2, ratio=math.nan, relax=relax, rule=rule, temperature=temperature)
-    b = torch.zeros_like(p)
-    for x in range(p.numel()):
+    b = torch.zeros_like(pos.p)
+    for x in range(pos.p.numel()):
         q_x = float(q[x])
         if q_x <= 0:
             continue
@@ -273,7 +299,7 @@ def _tree_step(
     if pos.temperature == 0:
         if s == pos.t1:
             return 1.0, Provenance.ACCEPTED
-        if pos.rule == "mars" and pos.relax and s == pos.t2:
+        if pos.rule == "mars" and pos.relax and s == pos.t2 and pos.relax_prob > 0:
             return 1.0, Provenance.RELAXED
         return 0.0, None
 
@@ -289,12 +315,15 @@ def _tree_step(
 
     # strict / mars: EAGLE's recursive rejection with deterministic proposals (q = 1).
     relaxed_ok = pos.rule == "mars" and pos.relax and pos.in_top2(s)
-    a = 1.0 if relaxed_ok else _bounded_ratio(float(p_adj[s]), rem)
+    p_s = float(p_adj[s])
+    a = _bounded_ratio(p_s, rem)
+    if relaxed_ok:
+        a = _relaxed_accept(a, pos.relax_prob)
     if u is None:
         return a, None
-    if u * rem < float(p_adj[s]):
+    if u * rem < p_s:
         return a, Provenance.ACCEPTED
-    if relaxed_ok:
+    if relaxed_ok and _lucky(u, rem, p_s, pos.relax_prob):
         return a, Provenance.RELAXED
     return a, None
 
@@ -354,19 +383,18 @@ def reference_behavior_distribution_tree(
     sibling_q: list[float],
     rule: Rule,
     temperature: float,
+    relax_prob: float = 1.0,
 ) -> torch.Tensor:
     """b [V] float64: the probability that a tree node with these siblings emits each token.
 
     b(y) = sum_k 1{s_k == y} reach_k a_k + reach_{m+1} w(y) / sum(w), reach_1 = 1,
     reach_{k+1} = reach_k (1 - a_k), with a_k computed along the all-rejected path. A node without
-    siblings emits from p. relax_flag is R for mars, Rc for mars_code.
+    siblings emits from p. relax_flag is R for mars, Rc for mars_code; relax_prob: lam (mars).
     """
-    _check_rule(rule)
-    p = p.double()
+    pos = _bare_position(p, t1, t2, relax_flag, rule, temperature, relax_prob)
+    p = pos.p
     if not sibling_tokens:
         return p / p.sum()
-    relax = bool(relax_flag) and rule != "strict" and not (rule == "mars_code" and temperature == 0)
-    pos = _Position(p=p, t1=t1, t2=t2, ratio=math.nan, relax=relax, rule=rule, temperature=temperature)
     walk = _walk_siblings(pos, list(sibling_tokens), [float(q) for q in sibling_q], False, None)
     b = torch.zeros_like(p)
     reach = 1.0
@@ -385,6 +413,15 @@ def reference_behavior_distribution_tree(
 def _check_rule(rule: str) -> None:
     if rule not in _RULES:
         raise ValueError(f"rule must be one of {_RULES}, got {rule!r}")
+
+
+def _check_relax_prob(relax_prob: float, rule: str, temperature: float) -> None:
+    if not 0 <= relax_prob <= 1:
+        raise ValueError(f"relax_prob must be in [0, 1], got {relax_prob!r}")
+    if rule == "mars_code" and relax_prob != 1:
+        raise ValueError("relax_prob must be 1 under mars_code")
+    if rule == "mars" and temperature == 0 and 0 < relax_prob < 1:
+        raise ValueError("relax_prob must be 0 or 1 at temperature 0")
 
 
 def _check_scalars(rule: str, temperature: float, uniforms, expected_uniform_cols: int, batch: int) -> None:
@@ -433,13 +470,15 @@ def reference_verify_chain(
     top_p: float | None = None,
     uniforms: torch.Tensor | None = None,
     num_drafts: torch.Tensor | None = None,
+    relax_prob: float = 1.0,
 ) -> VerifyResult:
     """Verify a batch of draft chains one position at a time.
 
     target_logits [B, K+1, V]; draft_tokens [B, K]; draft_probs [B, K, V] (the draft's q, in the
     target vocabulary) or None for a greedy draft (q = one-hot on the drafted token);
     uniforms [B, K+1] float64 (None allowed at T == 0); num_drafts [B] (None: K each): row b verifies
-    only its first num_drafts[b] drafts and, all accepted, draws its bonus at that column.
+    only its first num_drafts[b] drafts and, all accepted, draws its bonus at that column;
+    relax_prob: lam, the chance a relaxable draft that failed the strict test is relaxed (mars).
     """
     batch, k_plus_1, vocab = target_logits.shape
     k = k_plus_1 - 1
@@ -448,6 +487,7 @@ def reference_verify_chain(
     if draft_probs is not None and tuple(draft_probs.shape) != (batch, k, vocab):
         raise ValueError(f"draft_probs must be [{batch}, {k}, {vocab}]")
     _check_scalars(rule, temperature, uniforms, k + 1, batch)
+    _check_relax_prob(relax_prob, rule, temperature)
     u_rows = None if uniforms is None else uniforms.double().tolist()
 
     out = _Record(batch, k + 1)
@@ -455,7 +495,7 @@ def reference_verify_chain(
     for b in range(batch):
         closing_u = None if u_rows is None else u_rows[b][k]
         for j in range(lengths[b]):
-            pos = _position(target_logits[b, j], rule, temperature, theta, top_k, top_p)
+            pos = _position(target_logits[b, j], rule, temperature, theta, top_k, top_p, relax_prob)
             x = int(draft_tokens[b, j])
             if draft_probs is None:
                 q = torch.zeros(vocab, dtype=torch.float64)
@@ -463,7 +503,7 @@ def reference_verify_chain(
             else:
                 q = draft_probs[b, j].double()
             behavior = reference_behavior_distribution_chain(
-                pos.p, q, pos.t1, pos.t2, pos.relax, rule, temperature
+                pos.p, q, pos.t1, pos.t2, pos.relax, rule, temperature, relax_prob
             )
             u = None if u_rows is None else u_rows[b][j]
             _, verdict = _chain_step(pos, q, x, u)
@@ -475,7 +515,7 @@ def reference_verify_chain(
             break
         else:
             # Every draft accepted: the bonus token comes from p after the last one (b = p there).
-            pos = _position(target_logits[b, lengths[b]], rule, temperature, theta, top_k, top_p)
+            pos = _position(target_logits[b, lengths[b]], rule, temperature, theta, top_k, top_p, relax_prob)
             y = _draw(pos, pos.p, closing_u)
             out.emit(b, lengths[b], y, Provenance.BONUS, pos, pos.p)
 
@@ -528,13 +568,14 @@ def reference_verify_tree(
     top_k: int | None = None,
     top_p: float | None = None,
     uniforms: torch.Tensor | None = None,
+    relax_prob: float = 1.0,
 ) -> TreeVerifyResult:
     """Verify a batch of draft trees by walking each from the root.
 
     target_logits [B, N+1, V] (row 0 the root, row i+1 node i); tree_tokens [B, N] (-1 = padding
     node); parents [B, N] (-1 = child of the root, else a smaller node index); draft_probs [B, N]
     (the draft's probability of each node's token, only used by mars_code; None = 1.0);
-    uniforms [B, D*C+1] float64 (None allowed at T == 0).
+    uniforms [B, D*C+1] float64 (None allowed at T == 0); relax_prob: lam (mars).
     """
     batch, n_plus_1, _ = target_logits.shape
     num_nodes = n_plus_1 - 1
@@ -543,6 +584,7 @@ def reference_verify_tree(
             raise ValueError(f"{name} must be [{batch}, {num_nodes}], got {tuple(tensor.shape)}")
     children_per_row, max_depth, max_children = _tree_structure(tree_tokens, parents)
     _check_scalars(rule, temperature, uniforms, max_depth * max_children + 1, batch)
+    _check_relax_prob(relax_prob, rule, temperature)
     u_rows = None if uniforms is None else uniforms.double().tolist()
     q_rows = None if draft_probs is None else draft_probs.double().tolist()
 
@@ -553,7 +595,7 @@ def reference_verify_tree(
         closing_u = None if u_rows is None else u_rows[b][-1]
         node, level = -1, 0
         while True:
-            pos = _position(target_logits[b, node + 1], rule, temperature, theta, top_k, top_p)
+            pos = _position(target_logits[b, node + 1], rule, temperature, theta, top_k, top_p, relax_prob)
             kids = children.get(node, [])
             if not kids:
                 # The path reached a leaf: bonus token from p at that node.
@@ -566,7 +608,7 @@ def reference_verify_tree(
                 start = level * max_children
                 level_u = u_rows[b][start : start + len(kids)]
             behavior = reference_behavior_distribution_tree(
-                pos.p, pos.t1, pos.t2, pos.relax, sib_tokens, sib_q, rule, temperature
+                pos.p, pos.t1, pos.t2, pos.relax, sib_tokens, sib_q, rule, temperature, relax_prob
             )
             walk = _walk_siblings(pos, sib_tokens, sib_q, True, level_u)
             if walk.accepted is None:

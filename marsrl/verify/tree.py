@@ -11,7 +11,8 @@ At each node on the path, with p the target's sampling distribution there, rem =
 removed (starts at 1), and siblings s_1..s_m tried in order:
 
     strict   : accept s iff u * rem < p(s)            else rem -= p(s); p(s) <- 0
-    mars     : strict test, else accept (RELAXED) if z1 > 0, z2/z1 > theta and s in {t1, t2}
+    mars     : strict test, else accept (RELAXED) if z1 > 0, z2/z1 > theta, s in {t1, t2} and
+               u * rem < p(s) + lam * (rem - p(s))   (lam = relax_prob: always at 1, never at 0)
     mars_code: if z2/z1 > theta: accept the first sibling in {t1, t2} (no draw; none -> close from full p)
                else accept iff u * q(s) * rem < p(s), else p(s) <- max(0, p(s) - q(s)), rem -= min(p(s), q(s))
     all rejected: close with y ~ the adjusted p (RESAMPLED); a node without children: y ~ p (BONUS).
@@ -24,7 +25,14 @@ on t1 and u = 0, which gives EAGLE's greedy path walk (plus t2 under the margin 
 Behaviour probability of the token y emitted at a node (siblings fixed):
     b(y) = sum_k [s_k == y] reach_k a_k + reach_end * w(y) / sum(w),
     reach_1 = 1, reach_{k+1} = reach_k (1 - a_k), a_k = the chance sibling k is accepted once reached,
-    w = the closing weights at that node.  Strict gives b = p exactly (lossless).
+    w = the closing weights at that node.  Strict gives b = p exactly (lossless).  Under mars a relaxable
+    sibling (R, s in {t1, t2}) has a_k = a + lam (1 - a), a = min(1, p(s) / rem), the strict chance.
+Bound (mars, relax_prob lam < 1): b(y) >= (1 - lam)^m p(y) at a node, m <= 2 the number of its siblings
+in {t1, t2}: couple the walk with strict's through the same uniforms; the two differ only where strict
+rejects a relaxable sibling and mars takes it, which given strict's rejection has chance lam, and strict
+emits y with probability p(y).  So pi / b <= 1 / (1 - lam)^2 per tree node (1 / (1 - lam) when at most
+one of t1, t2 is a sibling, as in a chain); the bound is reached by a token closing after both t1 and t2
+were drafted and rejected.  relax_prob at T = 0 and under mars_code: as for ``verify_chain``.
 
 Randomness: one ``torch.rand((B, D*C + 1), dtype=float64, generator=generator)`` per call at T > 0, where
 D is the deepest node and C the most children of any node in the batch; column j*C + k is the k-th
@@ -42,6 +50,7 @@ import torch.nn.functional as F
 
 from .chain import Rule
 from .dist import (
+    check_relax_prob,
     check_scalars,
     dist_logp_at,
     dist_probs,
@@ -65,6 +74,7 @@ class _Sibling(NamedTuple):
     relax: torch.Tensor  # bool the rule's margin condition at the parent
     rem: torch.Tensor  # float64 mass not yet removed at this parent
     u: torch.Tensor  # float64 uniform (zeros at T = 0)
+    lam: float  # relax_prob (mars)
 
 
 # Each step returns (passed_strict_test, accepted_by_margin, accept_probability a, mass_removed_if_rejected);
@@ -77,7 +87,12 @@ def _step_strict(s: _Sibling):
 def _step_mars(s: _Sibling):
     passed, _, a, removed = _step_strict(s)
     margin = s.relax & s.in_top2
-    return passed, margin, torch.where(margin, 1.0, a), removed
+    # relaxed with probability lam once the strict test failed: u < a + lam (1 - a) with the same u, i.e.
+    # u * rem < p + lam (rem - p); lam = 1 takes every relaxable sibling, lam = 0 none (lerp is exact at both)
+    a_relaxed = torch.lerp(a, torch.ones_like(a), s.lam)
+    if s.lam < 1:
+        margin = margin & (s.u * s.rem < s.p_s + s.lam * (s.rem - s.p_s))
+    return passed, margin, torch.where(s.relax & s.in_top2, a_relaxed, a), removed
 
 
 def _step_mars_code(s: _Sibling):
@@ -116,8 +131,8 @@ class _Walk(NamedTuple):
     pick_relaxed: torch.Tensor  # [B] bool accepted only by the margin rule
 
 
-def _walk_siblings(rule: str, node: _Node, u: torch.Tensor) -> _Walk:
-    """Try the siblings of every row's current node in order. u [B, C] float64 uniforms.
+def _walk_siblings(rule: str, node: _Node, u: torch.Tensor, lam: float) -> _Walk:
+    """Try the siblings of every row's current node in order. u [B, C] float64 uniforms; lam relax_prob.
 
     Vectorised over the siblings: what rejecting a sibling removes never depends on the mass left before
     it (true of every rule in ``_STEP``), so the masses left are an exclusive cumulative sum, the reach
@@ -137,7 +152,7 @@ def _walk_siblings(rule: str, node: _Node, u: torch.Tensor) -> _Walk:
     relax = node.relax.unsqueeze(1).expand(bsz, n_sib)
 
     def sibling(rem: torch.Tensor) -> _Sibling:
-        return _Sibling(p_s, node.q_s, in_top2, relax, rem, u)
+        return _Sibling(p_s, node.q_s, in_top2, relax, rem, u, lam)
 
     removed = torch.where(valid, step(sibling(torch.ones_like(p_s)))[3], 0.0)  # [B, C]
     rem = 1 - (removed.cumsum(1) - removed)  # mass left when each sibling is tried
@@ -165,6 +180,7 @@ def verify_tree(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    relax_prob: float = 1.0,
 ) -> TreeVerifyResult:
     """Verify one round of draft trees and return the accepted path plus its closing token.
 
@@ -173,12 +189,15 @@ def verify_tree(
         tree_tokens: [B, N] int node tokens in the target vocabulary, -1 for padding nodes.
         parents: [B, N] int parent node index (-1 = root), parents before children.
         draft_probs: [B, N] the draft's probability of each node's token (read by mars_code only).
-        rule, temperature, theta, top_k, top_p, generator: as for ``verify_chain``.
+        rule, temperature, theta, top_k, top_p, generator, relax_prob: as for ``verify_chain``
+            (relax_prob applies to each relaxable sibling in turn; the bound is in the module docstring).
 
     Returns:
         TreeVerifyResult with fields [B, D+1]; ``path_nodes`` names the accepted nodes.
     """
     check_scalars(rule, _STEP, temperature, theta, top_k, top_p)
+    check_relax_prob(relax_prob, rule, temperature)
+    lam = float(relax_prob)
     _check_tree_shapes(target_logits, tree_tokens, parents, draft_probs)
     z = target_logits
     bsz, n1, vocab = z.shape
@@ -275,7 +294,7 @@ def verify_tree(
     for j in range(max_depth):
         node = at_node(cur)
         row_max = torch.maximum(row_max, torch.where(alive, node.z1, float("-inf")))
-        walk = _walk_siblings(rule_eff, node, u[:, j * max_children : (j + 1) * max_children])
+        walk = _walk_siblings(rule_eff, node, u[:, j * max_children : (j + 1) * max_children], lam)
         acc = alive & (walk.pick >= 0)
         k = walk.pick.clamp(min=0).unsqueeze(1)
         pick = lambda t, k=k: t.gather(1, k).squeeze(1)  # noqa: E731
@@ -298,7 +317,7 @@ def verify_tree(
     node = at_node(cur)
     row_max = torch.maximum(row_max, node.z1)
     raise_on_flags(logit_flags("target_logits (rows on the verified paths)", row_max))
-    walk = _walk_siblings(rule_eff, node, torch.zeros_like(node.logp_s))
+    walk = _walk_siblings(rule_eff, node, torch.zeros_like(node.logp_s), lam)
     has_children = node.sib_valid.any(dim=1)
     if greedy:
         y = node.t1

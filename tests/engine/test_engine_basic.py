@@ -49,10 +49,12 @@ def test_behaviour_logprobs_match_slow_recomputation(target):
     and enumerate b with the reference; every recorded behaviour log-prob must match (1e-4)."""
     k, theta = 4, 0.5  # a low theta so the tiny random target relaxes often
     oracle = OracleDrafter.from_target(target, PROMPTS, 40)
-    for rule in ("mars", "mars_code"):
-        eng = SpeculativeEngine(target, oracle, EngineConfig(rule=rule, theta=theta, num_draft_tokens=k))
+    for rule, lam in (("mars", 1.0), ("mars", 0.5), ("mars_code", 1.0)):
+        cfg = EngineConfig(rule=rule, theta=theta, num_draft_tokens=k, relax_prob=lam)
+        eng = SpeculativeEngine(target, oracle, cfg)
         relaxed = 0
         for traj in eng.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=30, seed=5, n=3)):
+            assert traj.relax_prob == lam
             logp, logits = teacher_forced_logprobs(target, traj.prompt_ids, traj.completion_ids)
             drafts = None
             for i, (y, j) in enumerate(zip(traj.completion_ids, traj.draft_position, strict=True)):
@@ -69,7 +71,9 @@ def test_behaviour_logprobs_match_slow_recomputation(target):
                     z1, z2 = top.values.tolist()
                     flag = (z1 > 0 and z2 / z1 > theta) if rule == "mars" else (z1 != 0 and z2 / z1 > theta)
                     q = torch.nn.functional.one_hot(torch.tensor(drafts[j]), p.numel()).double()
-                    b = reference_behavior_distribution_chain(p, q, *top.indices.tolist(), flag, rule, 1.0)
+                    b = reference_behavior_distribution_chain(
+                        p, q, *top.indices.tolist(), flag, rule, 1.0, lam
+                    )
                 assert abs(traj.behavior_logprobs[i] - b[y].log().item()) < 1e-4, (rule, i)
                 relaxed += traj.provenance[i] == Provenance.RELAXED
         assert relaxed > 0, f"{rule}: nothing relaxed, the test would be vacuous"
@@ -86,6 +90,24 @@ def test_theta_one_equals_strict(target):
     )
     assert [t.completion_ids for t in a] == [t.completion_ids for t in b]
     assert [t.behavior_logprobs for t in a] == [t.behavior_logprobs for t in b]
+
+
+def test_relax_prob_zero_equals_strict_and_greedy_refuses_a_fraction(target):
+    import pytest
+
+    oracle = OracleDrafter.from_target(target, PROMPTS, 40)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=16, seed=7, n=2)
+    cfg = dict(num_draft_tokens=3, theta=0.5)
+    a = SpeculativeEngine(target, oracle, EngineConfig(rule="strict", **cfg)).generate(PROMPTS, sp)
+    b = SpeculativeEngine(target, oracle, EngineConfig(rule="mars", relax_prob=0.0, **cfg)).generate(
+        PROMPTS, sp
+    )
+    for field in ("completion_ids", "provenance", "behavior_logprobs", "target_logprobs", "unsupported_mass"):
+        assert [getattr(t, field) for t in a] == [getattr(t, field) for t in b], field
+    assert {t.relax_prob for t in b} == {0.0}
+    half = SpeculativeEngine(target, oracle, EngineConfig(rule="mars", relax_prob=0.5, **cfg))
+    with pytest.raises(ValueError, match=r"relax_prob = 0\.5 needs a random draw"):
+        half.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=4))
 
 
 def test_same_seed_same_output_and_groups_in_order(target):

@@ -142,3 +142,50 @@ def test_tree_agrees_with_reference(rule, use_q):
     assert {Provenance.ACCEPTED, Provenance.RESAMPLED, Provenance.BONUS} <= seen
     if rule != "strict":
         assert Provenance.RELAXED in seen
+
+
+SAMPLED = [s for s in SETTINGS if s[0] > 0]  # relax_prob strictly inside (0, 1) needs T > 0
+
+
+@pytest.mark.parametrize("lam", [0.3, 0.7])
+@pytest.mark.parametrize("dense", [False, True])
+def test_chain_with_relax_prob_agrees_with_reference(lam, dense):
+    relaxed = 0
+    for seed in range(12):
+        logits, x, q = _chain_inputs(seed, dense)
+        b, k1 = logits.shape[:2]
+        for temperature, top_k, top_p in SAMPLED:
+            kw = dict(
+                rule="mars", temperature=temperature, theta=0.8, top_k=top_k, top_p=top_p, relax_prob=lam
+            )
+            fast = verify_chain(logits, x, q, generator=torch.Generator().manual_seed(seed), **kw)
+            u = torch.rand((b, k1), dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+            _assert_same(fast, reference_verify_chain(logits, x, q, uniforms=u, **kw), (seed, temperature))
+            relaxed += int((fast.provenance == Provenance.RELAXED).sum())
+    assert relaxed > 0
+
+
+@pytest.mark.parametrize("lam", [0.3, 0.7])
+@pytest.mark.parametrize("use_q", [False, True])
+def test_tree_with_relax_prob_agrees_with_reference(lam, use_q):
+    relaxed = 0
+    for seed in range(10):
+        logits, tokens, parents, q = _tree_inputs(seed)
+        q = q if use_q else None
+        for temperature, top_k, top_p in SAMPLED:
+            kw = dict(
+                rule="mars", temperature=temperature, theta=0.8, top_k=top_k, top_p=top_p, relax_prob=lam
+            )
+            fast = verify_tree(
+                logits, tokens, parents, q, generator=torch.Generator().manual_seed(seed), **kw
+            )
+            u = torch.rand(
+                (logits.shape[0], (fast.tokens.shape[1] - 1) * 3 + 1),
+                dtype=torch.float64,
+                generator=torch.Generator().manual_seed(seed),
+            )
+            slow = reference_verify_tree(logits, tokens, parents, q, uniforms=u, **kw)
+            _assert_same(fast, slow, (seed, temperature))
+            assert torch.equal(fast.path_nodes, slow.path_nodes)
+            relaxed += int((fast.provenance == Provenance.RELAXED).sum())
+    assert relaxed > 0
