@@ -84,10 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     rollouts.set_defaults(func=_rollouts)
 
     from .drafter.cli import add_draft_parser
+    from .report.cli import add_report_parser
     from .tinyworld.cli import add_tinyworld_parser
 
     add_draft_parser(sub)
     add_tinyworld_parser(sub)
+    add_report_parser(sub)
     return parser
 
 

@@ -66,7 +66,7 @@ class MarsGRPOTrainer(GRPOTrainer):
         model, reward_funcs, args, train_dataset, processing_class: as ``trl.GRPOTrainer``; ``args`` must be
             a ``MarsGRPOConfig``.
         pool: a live ``RolloutPool`` (or anything with ``generate``, ``update_weights``, ``last_batch``,
-            ``info``); used by rank 0 only.
+            ``info``, e.g. a ``LocalPool``); used by rank 0 only, so other ranks may pass None.
         pool_config: build the pool from this ``PoolConfig`` on rank 0 instead (shut down with the trainer
             via ``close()``).
         drafter: the ``Eagle3Drafter`` module the pool drafts with, trained online when
@@ -94,8 +94,8 @@ class MarsGRPOTrainer(GRPOTrainer):
             raise ValueError(f"args must be a MarsGRPOConfig, got {type(args).__name__}")
         if "rollout_func" in kwargs:
             raise ValueError("rollout_func: MarsGRPOTrainer generates with its pool; pass pool= instead")
-        if (pool is None) == (pool_config is None):
-            raise ValueError("pass exactly one of pool= (a RolloutPool) and pool_config= (a PoolConfig)")
+        if pool is not None and pool_config is not None:
+            raise ValueError("pass one of pool= (a RolloutPool) and pool_config= (a PoolConfig), not both")
         if args.draft_refresh_every and drafter is None:
             raise ValueError("draft_refresh_every > 0 needs drafter= (the Eagle3Drafter the pool drafts with)")
         super().__init__(
@@ -111,6 +111,8 @@ class MarsGRPOTrainer(GRPOTrainer):
         self.pool = None
         self._owns_pool = False
         if self.accelerator.is_main_process:
+            if pool is None and pool_config is None:
+                raise ValueError("no rollouts: pass pool= (a RolloutPool, on rank 0) or pool_config= (a PoolConfig)")
             if pool is None:
                 from ..rollout import RolloutPool
 
@@ -187,6 +189,7 @@ class MarsGRPOTrainer(GRPOTrainer):
             and self.state.global_step % self.args.draft_refresh_every == 0
         )
         out = super()._generate_and_score_completions(inputs)
+        started = time.perf_counter()
         rows = inputs  # TRL merged the rollout's extra fields into them
         self._check_rows(rows)
         completion_ids, completion_mask = out["completion_ids"], out["completion_mask"]
@@ -215,8 +218,8 @@ class MarsGRPOTrainer(GRPOTrainer):
             old, behavior, mask_b, mode=self.args.is_correction,
             clip_min=self.args.is_clip_min, clip_max=self.args.is_clip_max,
         )
-        if self.loss_type == "vespo":
-            out["importance_sampling_ratio"] = weights
+        if self.loss_type == "vespo":  # VESPO reads the ratio itself; TRL leaves 1 at masked positions
+            out["importance_sampling_ratio"] = torch.where(mask_b, weights, torch.ones_like(weights))
         else:
             out["advantages"] = out["advantages"].unsqueeze(1) * weights
 
@@ -228,8 +231,11 @@ class MarsGRPOTrainer(GRPOTrainer):
         metrics = self._batch_metrics(mode, old, behavior, stats, record, mask_b, rows)
         for key, value in is_metrics.items():
             metrics[f"correction/{key}"] = value
+        metrics["timing/correction_seconds"] = time.perf_counter() - started
         if refresh and self.accelerator.is_main_process:
+            refresh_start = time.perf_counter()
             metrics.update(self._refresh_draft(cap, ids, attn, completion_mask))
+            metrics["timing/draft_refresh_seconds"] = time.perf_counter() - refresh_start
         metrics["draft/refreshes"] = float(self.draft_refreshes)
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
@@ -380,14 +386,14 @@ class MarsGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ logging and lifetime
     def log(self, logs: dict, start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
-        if mode == "train" and self._step_start is not None:
+        if mode == "train" and self._step_start is not None and "loss" in logs:
             step_s = time.perf_counter() - self._step_start
             self._metrics[mode]["step_seconds"].append(step_s)
             self._metrics[mode]["rollout/share_of_step"].append(min(self._rollout_seconds / step_s, 1.0))
             self._metrics[mode]["rollout/wall_seconds"].append(self._rollout_seconds)
             self._rollout_seconds = 0.0
         info = self._batch_info
-        if info:
+        if info and "loss" in logs:
             logs["rollout/rule"] = info.get("rule")
             logs["correction/mode"] = self.args.is_correction
         super().log(logs, start_time)
