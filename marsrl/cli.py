@@ -84,9 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     rollouts.set_defaults(func=_rollouts)
 
     from .drafter.cli import add_draft_parser
+    from .experiment.cli import add_train_parser
     from .report.cli import add_report_parser
     from .tinyworld.cli import add_tinyworld_parser
 
+    add_train_parser(sub)
     add_draft_parser(sub)
     add_tinyworld_parser(sub)
     add_report_parser(sub)

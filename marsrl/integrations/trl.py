@@ -22,7 +22,7 @@ What this function does:
 - folds each run of identical consecutive prompts (at most G long) back into ONE engine group (n = G)
   run on one actor, so a group shares an actor and a random stream the way it would in the engine;
 - returns ``logprobs`` = the BEHAVIOUR log-probs (what the rollout really emitted with), plus per-token
-  ``provenance``, ``target_logprobs``, ``logit_ratio``, ``is_top2``, ``draft_position``,
+  ``provenance``, ``target_logprobs``, ``behavior_logprobs`` (again, for reward functions), ``logit_ratio``, ``is_top2``, ``draft_position``,
   ``unsupported_mass``, per-sample ``policy_version``, ``finish_reason``, ``rule``, ``theta``,
   ``relax_prob``, and ``rollout_stats`` (the pool's metrics of this batch: tokens/s, tau, ...).
 
@@ -51,6 +51,7 @@ from ..rollout.requests import request_seed
 PER_TOKEN_FIELDS = (
     "provenance",
     "target_logprobs",
+    "behavior_logprobs",
     "logit_ratio",
     "is_top2",
     "draft_position",
@@ -96,6 +97,7 @@ def make_rollout_func(
         trajs = generate_grouped(pool, runs, run_ids, base, seed)
         return to_trl_output(trajs, pool.last_batch)
 
+    rollout_func.state = state  # calls so far (each call's seed derives from it): saved with checkpoints
     return rollout_func
 
 

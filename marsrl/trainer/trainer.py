@@ -31,13 +31,17 @@ Leaves out: tools / environments, multimodal prompts, PEFT (merge adapters befor
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import os
 import time
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from ..algo import bias_metrics, importance_weights, token_stats
@@ -47,6 +51,10 @@ from ..integrations.trl import make_rollout_func
 from ..rollout.weights import gather_zero3_state_dict, is_zero3, to_state_dict
 from .config import MarsGRPOConfig
 from .stats import acceptance_by_position, is_lossy
+
+
+CHECKPOINT_STATE = "marsrl_state.pt"  # the head, its optimizer, refresh and rollout counters
+CHECKPOINT_COMPLETE = "marsrl_complete.json"  # written last: a checkpoint without it was cut short
 
 
 class _StepClock(TrainerCallback):
@@ -130,6 +138,7 @@ class MarsGRPOTrainer(GRPOTrainer):
         self._rollout_seconds = 0.0
         self._step_start: float | None = None
         self._batch_info: dict = {}
+        self.last_batch: dict | None = None  # rank 0: the last generation batch (rows, completion ids, mask)
         self.add_callback(_StepClock(self))
 
     # ------------------------------------------------------------------ pool, weights, rollouts
@@ -239,6 +248,8 @@ class MarsGRPOTrainer(GRPOTrainer):
         metrics["draft/refreshes"] = float(self.draft_refreshes)
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
+        if self.accelerator.is_main_process:
+            self.last_batch = {"rows": rows, "completion_ids": completion_ids, "mask": mask_b}
         return out
 
     # ------------------------------------------------------------------ pieces of the override
@@ -382,6 +393,43 @@ class MarsGRPOTrainer(GRPOTrainer):
         self.draft_refreshes += 1
         self._draft_dirty = True
         return {"draft/loss": float(m.get("loss_before", m.get("loss", float("nan"))))}
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, model, trial):
+        """TRL's checkpoint, then the marsrl state (head, head optimizer, counters) and, last, a marker:
+        a save killed half way leaves no marker, and resume never loads it."""
+        super()._save_checkpoint(model, trial)
+        if not self.args.should_save:
+            return
+        folder = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        state = {
+            "draft": None if self.drafter is None else self.drafter.state_dict(),
+            "draft_optimizer": None if self._draft_opt is None else self._draft_opt.state_dict(),
+            "draft_refreshes": self.draft_refreshes,
+            "rollout_calls": None if self._pool_rollout is None else self._pool_rollout.state["calls"],
+        }
+        torch.save(state, folder / CHECKPOINT_STATE)
+        marker = folder / CHECKPOINT_COMPLETE
+        marker.with_suffix(".tmp").write_text(json.dumps({"step": self.state.global_step}))
+        os.replace(marker.with_suffix(".tmp"), marker)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        path = Path(resume_from_checkpoint) / CHECKPOINT_STATE
+        if not path.is_file():
+            raise ValueError(f"{resume_from_checkpoint}: no {CHECKPOINT_STATE} (not a MarsGRPOTrainer checkpoint)")
+        state = torch.load(path, weights_only=False)
+        if self.drafter is not None and state["draft"] is not None:
+            self.drafter.load_state_dict(state["draft"])
+            self._draft_dirty = True
+        if state["draft_optimizer"] is not None and self.drafter is not None:
+            from ..drafter.train import trainable_parameters
+
+            self._draft_opt = torch.optim.AdamW(trainable_parameters(self.drafter), lr=self.args.draft_refresh_lr)
+            self._draft_opt.load_state_dict(state["draft_optimizer"])
+        self.draft_refreshes = state["draft_refreshes"]
+        if self._pool_rollout is not None and state["rollout_calls"] is not None:
+            self._pool_rollout.state["calls"] = state["rollout_calls"]
 
     # ------------------------------------------------------------------ logging and lifetime
     def log(self, logs: dict, start_time: float | None = None) -> None:

@@ -1,0 +1,209 @@
+"""The experiment's config: one YAML names the model, the drafter, the data, the rewards, the pool, the
+trainer fields and the ``arms`` (named rule variants run one after the other with the same everything
+else). Defaults live in these dataclasses (and, for the trainer, in ``MarsGRPOConfig``); the YAML and
+``--set section.key=value`` only override; unknown keys are errors naming the file and the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from ..config import ConfigError, build_config, parse_overrides
+from ..trainer.config import IS_CORRECTIONS, IsCorrection
+from ..verify import DEFAULT_THETA, RULES, Rule
+
+TINYWORLD = "tinyworld:"  # model / drafter "tinyworld:<preset>": the embedded CPU world, built and cached
+REWARDS = ("gsm8k", "format")
+
+
+@dataclass(frozen=True)
+class ArmConfig:
+    """One variant of the experiment: how rollouts are verified and how the trainer corrects them."""
+
+    name: str
+    rule: Rule = "strict"
+    theta: float = DEFAULT_THETA
+    relax_prob: float = 1.0  # lambda: 1 = the paper's rule; < 1 keeps every weight pi/b <= 1/(1 - lambda)
+    is_correction: IsCorrection = "token_truncate"
+
+    def __post_init__(self):
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.name or ""):
+            raise ValueError(f"arm name {self.name!r} must be letters, digits, '_', '.' or '-' (a folder name)")
+        if self.rule not in RULES:
+            raise ValueError(f"arm {self.name}: rule must be one of {list(RULES)}, got {self.rule!r}")
+        if not self.theta >= 0:
+            raise ValueError(f"arm {self.name}: theta must be >= 0, got {self.theta}")
+        if not 0.0 <= self.relax_prob <= 1.0:
+            raise ValueError(f"arm {self.name}: relax_prob must be in [0, 1], got {self.relax_prob}")
+        if self.is_correction not in IS_CORRECTIONS:
+            raise ValueError(f"arm {self.name}: is_correction must be one of {list(IS_CORRECTIONS)}")
+
+    @property
+    def tags(self) -> list[str]:
+        return [f"rule:{self.rule}", f"theta:{self.theta:g}", f"lambda:{self.relax_prob:g}",
+                f"correction:{self.is_correction}"]
+
+
+DEFAULT_ARMS = (
+    ArmConfig("strict", rule="strict"),
+    ArmConfig("mars", rule="mars", relax_prob=1.0),  # the paper's rule, corrected as far as its support allows
+    ArmConfig("mars_l0.9", rule="mars", relax_prob=0.9),  # exactly correctable
+)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where prompts and answers come from."""
+
+    source: str = "tinyworld"  # "tinyworld" (generated GSM-style problems), a local .jsonl/.json/.parquet, or a hub id
+    hub_config: str | None = "main"  # the hub dataset's config (GSM8K: "main")
+    train_split: str = "train"
+    eval_split: str = "test"  # a local file serves both: its first n_eval rows are held out
+    n_train: int | None = 512  # prompts used for training (None: all)
+    n_eval: int = 200  # held-out problems for accuracy before and after training
+
+    def __post_init__(self):
+        if self.n_train is not None and self.n_train < 1:
+            raise ValueError(f"data.n_train must be None or >= 1, got {self.n_train}")
+        if self.n_eval < 1:
+            raise ValueError(f"data.n_eval must be >= 1, got {self.n_eval}")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out accuracy before and after training (plain decoding with the policy itself)."""
+
+    temperature: float = 0.0  # 0: greedy, so accuracy has no sampling noise
+    max_new_tokens: int | None = None  # None: the trainer's max_completion_length
+    batch_size: int = 64
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"eval.temperature must be >= 0, got {self.temperature}")
+        if self.batch_size < 1:
+            raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    project: str = "marsrl"
+    mode: Literal["auto", "offline", "online", "disabled"] = "auto"  # auto: online when logged in
+    entity: str | None = None
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """``marsrl train``: the strict-vs-MARS GRPO experiment."""
+
+    experiment: str = "grpo_tiny"
+    output_dir: str = "outputs"
+    seed: int = 0
+    model: str = "tinyworld:default"  # a folder, a hub id, or tinyworld:<preset>
+    drafter: str | None = "tinyworld:default"  # EAGLE-3 head folder / hub id / tinyworld:<preset>; None: plain
+    data: DataConfig = field(default_factory=DataConfig)
+    rewards: tuple[str, ...] = ("gsm8k",)
+    pool: dict = field(default_factory=dict)  # PoolConfig overrides (num_actors, worker.engine.num_draft_tokens, ...)
+    pool_backend: Literal["ray", "local"] = "ray"  # local: one in-process worker (no Ray; tests, debugging)
+    trainer: dict = field(default_factory=dict)  # MarsGRPOConfig overrides
+    arms: tuple[ArmConfig, ...] = DEFAULT_ARMS
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    samples_per_step: int = 4  # trajectories with their per-token record written to samples.jsonl per step
+
+    def __post_init__(self):
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.experiment or ""):
+            raise ValueError(f"experiment {self.experiment!r} must be a folder name (letters, digits, _ . -)")
+        if not self.arms:
+            raise ValueError("arms must name at least one arm")
+        names = [a.name for a in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"arms: names must be unique, got {names}")
+        bad = sorted(set(self.rewards) - set(REWARDS))
+        if not self.rewards or bad:
+            raise ValueError(f"rewards must be a non-empty subset of {list(REWARDS)}, got {list(self.rewards)}")
+        if self.samples_per_step < 0:
+            raise ValueError(f"samples_per_step must be >= 0, got {self.samples_per_step}")
+        for key in ("rule", "theta", "relax_prob"):
+            engine = (self.pool.get("worker") or {}).get("engine") or {}
+            if key in engine:
+                raise ValueError(f"pool.worker.engine.{key} is set per arm (arms[].{key}), not in pool")
+        for key in ("is_correction", "output_dir", "run_name", "report_to", "seed"):
+            if key in self.trainer:
+                raise ValueError(f"trainer.{key} is set by the experiment (arms / output_dir / wandb / seed)")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (tuples as lists): for config.yaml and wandb's config."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+_SECTIONS = {"data": DataConfig, "eval": EvalConfig, "wandb": WandbConfig}
+
+
+def build_experiment(values: dict[str, Any], where: str) -> ExperimentConfig:
+    """An ExperimentConfig from nested mappings; every error names ``where`` and the key."""
+    values = dict(values)
+    nested: dict[str, Any] = {}
+    for name, cls in _SECTIONS.items():
+        section = values.pop(name, None)
+        if section is not None and not isinstance(section, dict):
+            raise ConfigError(f"{where}: '{name}' must be a mapping")
+        nested[name] = build_config(cls, section or {}, f"{where} ({name})")
+    arms = values.pop("arms", None)
+    if arms is not None:
+        if not isinstance(arms, list) or not all(isinstance(a, dict) for a in arms):
+            raise ConfigError(f"{where}: 'arms' must be a list of mappings (name, rule, theta, relax_prob, ...)")
+        nested["arms"] = tuple(build_config(ArmConfig, a, f"{where} (arms[{i}])") for i, a in enumerate(arms))
+    for name in ("pool", "trainer"):
+        if name in values and not isinstance(values[name] or {}, dict):
+            raise ConfigError(f"{where}: '{name}' must be a mapping")
+        values[name] = dict(values.get(name) or {})
+    if "rewards" in values and isinstance(values["rewards"], str):
+        values["rewards"] = [values["rewards"]]
+    cfg = build_config(ExperimentConfig, {k: v for k, v in values.items()}, where)
+    try:
+        return dataclasses.replace(cfg, **nested)
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from err
+
+
+def load_experiment(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Defaults, then the YAML at ``path``, then ``section.key=value`` overrides (dots reach into
+    sections: ``trainer.max_steps=5``, ``data.n_eval=50``, ``pool.worker.engine.num_draft_tokens=5``)."""
+    values: dict[str, Any] = {}
+    where = "defaults"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of keys to values at the top level")
+        values = loaded
+        where = str(path)
+    over = parse_overrides(overrides)
+    for dotted, value in over.items():
+        target = values
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            nxt = target.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {dotted!r}: '{p}' is not a section")
+            target = nxt
+        target[leaf] = value
+    if over:
+        where += " + overrides"
+    return build_experiment(values, where)
+
+
+def dump_experiment(cfg: ExperimentConfig) -> str:
+    """The resolved config as YAML (what a run folder's config.yaml holds)."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

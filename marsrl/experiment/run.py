@@ -1,0 +1,348 @@
+"""``marsrl train``: run every arm of an experiment, one after the other, with the same seed, prompts and
+everything else; each arm is one MarsGRPOTrainer run that writes its own folder
+
+    outputs/<experiment>/<arm>/
+        config.yaml      the resolved config and the arm
+        metrics.jsonl    every logged step, keys as they reach wandb (train/...), plus step and wall_s
+        samples.jsonl    sample trajectories with their per-token record, per step
+        eval.json        held-out accuracy before / after (95% Wilson interval) and tau at the end
+        checkpoints/     trainer checkpoints (a COMPLETE marker is written last; resume loads only those)
+        wandb_run        the path of the arm's wandb run folder (when wandb ran)
+
+and logs to wandb (``group`` = the experiment, ``job_type`` = the arm, ``name`` = <experiment>-<arm>).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..trainer.trainer import CHECKPOINT_COMPLETE as COMPLETE
+from .config import TINYWORLD, ArmConfig, ExperimentConfig, dump_experiment
+
+
+
+
+class ExperimentError(RuntimeError):
+    """A run that cannot go on (names the folder or setting at fault)."""
+
+
+@dataclass
+class Sources:
+    model: str  # folder or hub id of the policy
+    drafter: str | None
+    world: str | None  # tiny-world preset when the sources are the embedded world
+
+
+# ---------------------------------------------------------------------------------------- sources and data
+
+
+def resolve_sources(cfg: ExperimentConfig, progress: bool = True) -> Sources:
+    """Folders or hub ids of the model and drafter; ``tinyworld:<preset>`` builds (or reuses) the world."""
+    world = None
+    out = {}
+    for key in ("model", "drafter"):
+        value = getattr(cfg, key)
+        if value is not None and value.startswith(TINYWORLD):
+            from ..tinyworld import PRESETS, build_tinyworld
+
+            preset = value[len(TINYWORLD) :]
+            if preset not in PRESETS:
+                raise ExperimentError(f"{key}: unknown tiny-world preset {preset!r} (one of {sorted(PRESETS)})")
+            if world not in (None, preset):
+                raise ExperimentError("model and drafter name different tiny worlds")
+            world = preset
+            folder = build_tinyworld(preset, progress=progress)
+            value = str(folder / ("target" if key == "model" else "draft"))
+        out[key] = value
+    return Sources(model=out["model"], drafter=out["drafter"], world=world)
+
+
+def load_data(cfg: ExperimentConfig, world: str | None):
+    """(train Dataset with ``prompt`` (chat messages) and ``answer``, held-out problems [{question, gold}])."""
+    from datasets import Dataset
+
+    from ..data import generate_problems, load_gsm8k, prompt_messages
+
+    d = cfg.data
+    if d.source == "tinyworld":
+        from ..tinyworld import PRESETS
+        from ..tinyworld.build import heldout_problems
+
+        wcfg = PRESETS[world or "default"]
+        n_train = d.n_train or 512
+        train = generate_problems(n_train, wcfg.seed * 1000 + 500, wcfg.eval_difficulty)  # unseen by SFT
+        heldout = heldout_problems(wcfg, d.n_eval)
+        messages = lambda q: [{"role": "user", "content": q}]  # noqa: E731  the world's chat format
+    else:
+        try:
+            rows = load_gsm8k(d.source, d.train_split, d.hub_config)
+            local = Path(d.source).suffix.lower() in (".jsonl", ".json", ".parquet")
+            held = rows if local else load_gsm8k(d.source, d.eval_split, d.hub_config)
+        except ValueError as err:
+            raise ExperimentError(f"data.source: {err}") from err
+        heldout = [dict(question=r["question"], gold=r["gold"]) for r in held.select(range(min(d.n_eval, len(held))))]
+        start = len(heldout) if local else 0
+        stop = len(rows) if d.n_train is None else min(len(rows), start + d.n_train)
+        if stop <= start:
+            raise ExperimentError(f"data.source {d.source!r}: no rows left for training after {start} held out")
+        train = [dict(question=r["question"], gold=r["gold"]) for r in rows.select(range(start, stop))]
+        messages = prompt_messages
+    ds = Dataset.from_dict(
+        {"prompt": [messages(p["question"]) for p in train], "answer": [p["gold"] for p in train]}
+    )
+    return ds, [dict(question=p["question"], gold=p["gold"], prompt=messages(p["question"])) for p in heldout]
+
+
+def reward_functions(names) -> list:
+    from ..data import format_reward, gsm8k_reward
+
+    table = {"gsm8k": gsm8k_reward, "format": format_reward}
+    return [table[n] for n in names]
+
+
+# ---------------------------------------------------------------------------------------- evaluation
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion k / n."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def evaluate(model, tokenizer, problems: list[dict], cfg: ExperimentConfig, max_new_tokens: int, seed: int) -> dict:
+    """Held-out accuracy of ``model`` by plain decoding (no drafter: the policy itself, any arm alike)."""
+    import torch
+
+    from ..data import score
+    from ..engine import EngineConfig, SamplingParams, SpeculativeEngine
+
+    was_training = model.training
+    engine = SpeculativeEngine(model, None, EngineConfig(max_batch_size=cfg.eval.batch_size))
+    prompts = [_render(tokenizer, p["prompt"]) for p in problems]
+    sampling = SamplingParams(
+        temperature=cfg.eval.temperature,
+        max_new_tokens=cfg.eval.max_new_tokens or max_new_tokens,
+        eos_token_id=tokenizer.eos_token_id,
+        seed=seed,
+    )
+    with torch.no_grad():
+        trajs = engine.generate(prompts, sampling)
+    model.train(was_training)
+    correct = sum(
+        score(tokenizer.decode(t.completion_ids, skip_special_tokens=True), p["gold"])
+        for t, p in zip(trajs, problems, strict=True)
+    )
+    lo, hi = wilson(int(correct), len(problems))
+    return {"accuracy": correct / len(problems), "ci_low": lo, "ci_high": hi, "n": len(problems)}
+
+
+def _render(tokenizer, messages) -> list[int]:
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+# ---------------------------------------------------------------------------------------- wandb
+
+
+def _logged_in() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        import netrc
+
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def start_wandb(cfg: ExperimentConfig, arm: ArmConfig, out: Path, resolved: dict, resume_id: str | None):
+    """The arm's wandb run, or None (disabled, or wandb failed to start: the run's own files go on)."""
+    mode = cfg.wandb.mode
+    if mode == "disabled":
+        return None
+    if mode == "auto":
+        mode = "online" if _logged_in() else "offline"
+    try:
+        import wandb
+
+        run = wandb.init(
+            project=cfg.wandb.project,
+            entity=cfg.wandb.entity,
+            group=cfg.experiment,
+            job_type=arm.name,
+            name=f"{cfg.experiment}-{arm.name}",
+            tags=arm.tags,
+            config=resolved,
+            dir=str(out),
+            mode=mode,
+            id=resume_id,
+            resume="allow" if resume_id else None,
+        )
+    except Exception as err:  # wandb must never cost the run: say so and go on without it
+        print(f"marsrl train: wandb did not start ({type(err).__name__}: {err}); continuing without it")
+        return None
+    (out / "wandb_run").write_text(str(Path(run.dir).parent) + "\n")
+    (out / "wandb_id").write_text(run.id + "\n")
+    return run
+
+
+# ---------------------------------------------------------------------------------------- one arm
+
+
+def arm_dir(cfg: ExperimentConfig, arm: ArmConfig) -> Path:
+    return Path(cfg.output_dir) / cfg.experiment / arm.name
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The newest checkpoint whose save completed (a killed save leaves no marker and is skipped)."""
+    done = [p for p in folder.glob("checkpoint-*") if (p / COMPLETE).is_file()]
+    return max(done, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+def trainer_args(cfg: ExperimentConfig, arm: ArmConfig, out: Path, use_wandb: bool):
+    """MarsGRPOConfig of one arm: the YAML's trainer fields over MarsGRPOConfig's defaults, the arm's
+    correction, and what the experiment owns (folders, logging every step, checkpoints, seed)."""
+    from ..trainer import MarsGRPOConfig
+
+    fields = {"use_cpu": _no_gpu(), "bf16": not _no_gpu(), "save_steps": 10, "save_total_limit": 2}
+    fields.update(cfg.trainer)
+    fields.update(
+        output_dir=str(out / "checkpoints"),
+        run_name=f"{cfg.experiment}-{arm.name}",
+        report_to=["wandb"] if use_wandb else "none",
+        is_correction=arm.is_correction,
+        seed=cfg.seed,
+        logging_steps=1,
+        save_strategy="steps",
+        disable_tqdm=False,
+    )
+    try:
+        return MarsGRPOConfig(**fields)
+    except TypeError as err:  # an unknown field
+        raise ExperimentError(f"trainer: {err}") from err
+    except ValueError as err:
+        raise ExperimentError(f"trainer: {err}") from err
+
+
+def _no_gpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def build_pool(cfg: ExperimentConfig, arm: ArmConfig, sources: Sources):
+    from ..config import ConfigError
+    from ..rollout import LocalPool, PoolConfig, RolloutPool
+
+    pool_values = json.loads(json.dumps(cfg.pool))
+    worker = pool_values.setdefault("worker", {})
+    worker.setdefault("target", sources.model)
+    worker.setdefault("drafter", sources.drafter)
+    engine = worker.setdefault("engine", {})
+    engine.update(rule=arm.rule, theta=arm.theta, relax_prob=arm.relax_prob)
+    try:
+        pool_cfg = PoolConfig.from_dict(pool_values, "pool")
+    except (ConfigError, ValueError) as err:
+        raise ExperimentError(str(err)) from err
+    if cfg.pool_backend == "local":
+        return LocalPool(pool_cfg.worker)
+    return RolloutPool(pool_cfg)
+
+
+def run_arm(cfg: ExperimentConfig, arm: ArmConfig, sources: Sources, data, resume: bool, progress: bool) -> dict:
+    """Train one arm end to end; returns its eval.json content."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..drafter import Eagle3Drafter
+    from ..trainer import MarsGRPOTrainer
+    from .recorder import RunRecorder
+
+    out = arm_dir(cfg, arm)
+    out.mkdir(parents=True, exist_ok=True)
+    resolved = dict(cfg.to_dict(), arm=dataclasses.asdict(arm), sources=dataclasses.asdict(sources))
+    _atomic_write(out / "config.yaml", dump_experiment(cfg) + "arm:\n" + "".join(
+        f"  {k}: {json.dumps(v)}\n" for k, v in dataclasses.asdict(arm).items()
+    ))
+    ckpt = latest_checkpoint(out / "checkpoints") if resume else None
+    resume_id = (out / "wandb_id").read_text().strip() if resume and (out / "wandb_id").is_file() else None
+    run = start_wandb(cfg, arm, out, resolved, resume_id)
+    train_ds, heldout = data
+    torch.manual_seed(cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(sources.model)
+    model = AutoModelForCausalLM.from_pretrained(sources.model)
+    args = trainer_args(cfg, arm, out, run is not None)
+    drafter = None
+    if args.draft_refresh_every and sources.drafter:
+        drafter = Eagle3Drafter.from_pretrained(sources.drafter, target=model)
+    eval_path = out / "eval.json"
+    evals = json.loads(eval_path.read_text()) if resume and eval_path.is_file() else {}
+    if "before" not in evals:
+        evals["before"] = evaluate(model, tokenizer, heldout, cfg, args.max_completion_length, cfg.seed)
+        _atomic_write(eval_path, json.dumps(evals, indent=2))
+    pool = build_pool(cfg, arm, sources)
+    try:
+        trainer = MarsGRPOTrainer(
+            model, reward_functions(cfg.rewards), args, train_ds, tokenizer, pool=pool, drafter=drafter
+        )
+        recorder = RunRecorder(trainer, out, tokenizer, cfg.samples_per_step, resume_from=ckpt)
+        trainer.add_callback(recorder)
+        trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+        evals["after"] = evaluate(trainer.model, tokenizer, heldout, cfg, args.max_completion_length, cfg.seed)
+        evals["tau"] = recorder.final_tau()
+        _atomic_write(eval_path, json.dumps(evals, indent=2))
+    finally:
+        pool.shutdown()
+        if run is not None:
+            run.finish()
+    return evals
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------- the experiment
+
+
+def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> Path:
+    """Every arm in order; returns outputs/<experiment>."""
+    root = Path(cfg.output_dir) / cfg.experiment
+    if resume and overwrite:
+        raise ExperimentError("--resume and --overwrite exclude each other")
+    if root.exists() and any(root.iterdir()) and not (resume or overwrite):
+        raise ExperimentError(f"{root} already exists: pass --resume to continue it or --overwrite to replace it")
+    if overwrite and root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True, exist_ok=True)
+    _atomic_write(root / "config.yaml", dump_experiment(cfg))
+    sources = resolve_sources(cfg, progress)
+    data = load_data(cfg, sources.world)
+    for i, arm in enumerate(cfg.arms):
+        if resume and _arm_finished(cfg, arm):
+            print(f"[{i + 1}/{len(cfg.arms)}] {arm.name}: finished before, kept")
+            continue
+        print(f"[{i + 1}/{len(cfg.arms)}] training arm {arm.name} (rule {arm.rule}, theta {arm.theta}, "
+              f"lambda {arm.relax_prob}, correction {arm.is_correction})")
+        started = time.perf_counter()
+        run_arm(cfg, arm, sources, data, resume, progress)
+        print(f"[{i + 1}/{len(cfg.arms)}] {arm.name} done in {time.perf_counter() - started:.0f} s")
+    return root
+
+
+def _arm_finished(cfg: ExperimentConfig, arm: ArmConfig) -> bool:
+    path = arm_dir(cfg, arm) / "eval.json"
+    return path.is_file() and "after" in json.loads(path.read_text())

@@ -1,0 +1,149 @@
+"""`marsrl train` end to end on the micro world (configs/grpo_micro.yaml: 3 arms x 4 steps, an in-process
+rollout worker, wandb offline), then `marsrl report` on what it wrote; resume after a kill equals an
+uninterrupted run. One experiment is trained once per test session and shared by the checks."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from marsrl.cli import main
+from marsrl.report import read_wandb_run
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = str(REPO / "configs" / "grpo_micro.yaml")
+TIMING = ("wall_s", "_runtime", "_timestamp")  # wall-clock keys differ between any two runs
+
+
+def _is_timing(key: str) -> bool:
+    return key in TIMING or "seconds" in key or "tokens_per_s" in key or "share_of_step" in key or key.endswith(
+        ("step_time", "_per_second", "runtime")
+    )
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    out = tmp_path_factory.mktemp("outputs")
+    code = main(["train", "--config", CONFIG, "--set", f"output_dir={out}", "--set", "wandb.mode=offline",
+                 "--no-progress"])
+    assert code == 0
+    return out / "grpo_micro"
+
+
+ARMS = ("strict", "mars", "mars_l0.9")
+
+
+def test_every_arm_writes_its_folder(experiment):
+    for arm in ARMS:
+        folder = experiment / arm
+        rows = _rows(folder / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [1, 2, 3, 4]
+        for key in ("train/reward", "train/loss", "train/bias/top2_excess", "train/rollout/tau",
+                    "train/bias/unsupported_mass", "train/draft/refreshes", "train/policy/version"):
+            assert all(key in r for r in rows), (arm, key)
+        evals = json.loads((folder / "eval.json").read_text())
+        for when in ("before", "after"):
+            e = evals[when]
+            assert e["n"] >= 200 and e["ci_low"] <= e["accuracy"] <= e["ci_high"]
+        assert evals["tau"] >= 1.0
+        samples = _rows(folder / "samples.jsonl")
+        assert len(samples) == 2 * 4 and all(len(s["tokens"]) == len(s["provenance"]) for s in samples)
+        assert (folder / "config.yaml").is_file()
+        assert any((folder / "checkpoints").glob("checkpoint-*/marsrl_complete.json"))
+        assert [r["train/policy/version"] for r in rows] == [0, 1, 2, 3]
+        assert rows[-1]["train/draft/refreshes"] == 2  # refreshed at steps 0 and 2
+
+
+def test_bias_figures_per_arm(experiment):
+    strict = _rows(experiment / "strict" / "metrics.jsonl")
+    for r in strict:
+        assert abs(r["train/bias/top2_excess"]) <= 3 * r["train/bias/top2_excess_se"]
+        assert abs(r["train/bias/is_ratio_mean"] - 1) <= 1e-4
+        assert r["train/bias/unsupported_mass"] == 0
+    for arm in ("mars", "mars_l0.9"):
+        rows = _rows(experiment / arm / "metrics.jsonl")
+        assert sum(r["train/rollout/relaxed_frac"] for r in rows) > 0, arm
+        relaxed = [r["train/bias/is_ratio_mean_relaxed"] for r in rows if r.get("train/bias/is_ratio_mean_relaxed")]
+        assert relaxed and sum(relaxed) / len(relaxed) < 1, arm
+    assert all(r["train/bias/unsupported_mass"] > 0 for r in _rows(experiment / "mars" / "metrics.jsonl"))
+    assert all(r["train/bias/unsupported_mass"] == 0 for r in _rows(experiment / "mars_l0.9" / "metrics.jsonl"))
+
+
+def test_wandb_runs_match_the_metrics_files(experiment):
+    for arm in ARMS:
+        folder = experiment / arm
+        run = read_wandb_run(Path((folder / "wandb_run").read_text().strip()), wait_s=5)
+        assert run["group"] == "grpo_micro" and run["job_type"] == arm
+        assert run["name"] == f"grpo_micro-{arm}"
+        assert "rule:" + ("strict" if arm == "strict" else "mars") in run["tags"]
+        assert run["config"]["arm"]["name"] == arm
+        rows = {r["step"]: r for r in _rows(folder / "metrics.jsonl")}
+        history = [h for h in run["history"] if "train/loss" in h]
+        assert len(history) == len(rows)
+        for h in history:
+            mine = rows[h["train/global_step"]]
+            for key, value in h.items():
+                if key.startswith("_") or _is_timing(key):
+                    continue
+                assert key in mine, (arm, key)
+                if isinstance(value, float) and math.isnan(value):
+                    assert mine[key] is None
+                else:
+                    assert mine[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (arm, key)
+
+
+def test_report_reads_back_the_metrics(experiment):
+    assert main(["report", str(experiment)]) == 0
+    report = experiment / "report"
+    assert (report / "completions.html").read_text().count("relaxed") > 0
+    assert (report / "verdict.txt").read_text().strip()
+    table = json.loads((report / "table.json").read_text())
+    assert set(ARMS) <= set(json.dumps(table).replace('"', " ").split())
+    for png in report.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import csv
+
+    with open(report / "reward_step.csv") as f:
+        drawn = [r for r in csv.DictReader(f) if r["arm"] == "mars"]
+    rows = _rows(experiment / "mars" / "metrics.jsonl")
+    assert [float(r["y"]) for r in drawn] == pytest.approx([r["train/reward"] for r in rows])
+
+
+def test_existing_folder_is_refused_without_resume(experiment, capsys):
+    code = main(["train", "--config", CONFIG, "--set", f"output_dir={experiment.parent}", "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--resume" in err[0] and "Traceback" not in err[0]
+
+
+def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path):
+    """SIGKILL after step 2 (a checkpoint at step 2), resume: rows of steps 3-4 equal an uninterrupted run's
+    (every key but wall-clock ones, to 1e-6 relative: CPU, deterministic)."""
+    arm = "arms=[{name: mars_l0.9, rule: mars, relax_prob: 0.9}]"
+    common = [sys.executable, "-m", "marsrl", "train", "--config", CONFIG, "--set", arm,
+              "--set", "wandb.mode=disabled", "--no-progress", "--no-report"]
+    env = dict(os.environ, MARSRL_KILL_AFTER_STEP="2")
+    full = subprocess.run(common + ["--set", f"output_dir={tmp_path / 'a'}"], capture_output=True, text=True)
+    assert full.returncode == 0, full.stderr[-2000:]
+    killed = subprocess.run(common + ["--set", f"output_dir={tmp_path / 'b'}"], env=env, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    resumed = subprocess.run(common + ["--set", f"output_dir={tmp_path / 'b'}", "--resume"], capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a = _rows(tmp_path / "a" / "grpo_micro" / "mars_l0.9" / "metrics.jsonl")
+    b = _rows(tmp_path / "b" / "grpo_micro" / "mars_l0.9" / "metrics.jsonl")
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    for ra, rb in zip(a, b, strict=True):
+        for key, value in ra.items():
+            if _is_timing(key) or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            assert rb[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (ra["step"], key)
