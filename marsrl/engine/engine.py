@@ -51,8 +51,16 @@ _RECORD_FIELDS = (
     "logit_ratio",
     "is_top2",
     "draft_position",
+    "unsupported_mass",
 )
-_RESULT_FIELDS = ("provenance", "target_logprob", "behavior_logprob", "logit_ratio", "is_top2")
+_RESULT_FIELDS = (
+    "provenance",
+    "target_logprob",
+    "behavior_logprob",
+    "logit_ratio",
+    "is_top2",
+    "unsupported_mass",
+)
 
 
 class SpeculativeEngine:
@@ -312,6 +320,7 @@ class SpeculativeEngine:
                 row.record["logit_ratio"].append(host["logit_ratio"][b][j])
                 row.record["is_top2"].append(bool(host["is_top2"][b][j]))
                 row.record["draft_position"].append(j)
+                row.record["unsupported_mass"].append(host["unsupported_mass"][b][j])
                 if drafted is not None and prov in (Provenance.ACCEPTED, Provenance.RELAXED):
                     row.accepted += 1
                     totals["accepted"] += 1

@@ -38,7 +38,14 @@ Randomness: exactly one ``torch.rand((B, K+1), dtype=float64, generator=generato
 (column K draws the closing token by inverse CDF); none at T = 0.
 
 Host syncs: one for the input data checks; with a full draft q, mars / mars_code add one to gather the
-few positions whose behaviour probability needs a full-vocabulary sum.
+few positions whose behaviour probability needs a full-vocabulary sum, and (mars at relax_prob 1,
+mars_code) one for the positions whose unsupported mass does.
+
+Unsupported mass (per emitted draft position; 0 at the bonus and padding): the sum of p(y) over the
+tokens y with b(y) = 0, from the closed forms.  strict and mars at relax_prob < 1: 0.  mars at 1: a
+one-hot draft x in {t1, t2} under R gives 1 - p(x); a full q gives the mass q never proposes, where R
+holds and q over-proposes no token outside {t1, t2} (else 0).  mars_code: above the threshold, the mass
+off the top-2 tokens q proposes, when q proposes nothing else; 0 below it.
 """
 
 from __future__ import annotations
@@ -159,6 +166,43 @@ _BEHAVIOR: dict[str, Callable[[_Probs, Callable], torch.Tensor]] = {
     "strict": _behavior_strict,
     "mars": _behavior_mars,
     "mars_code": _behavior_mars_code,
+}
+
+
+# Unsupported mass: sum of p(y) over the tokens y with b(y) = 0 at a position, [B, K] float64.  Each takes
+# the position facts, the probabilities and ``vocab_mass(kind, need)`` (None for a one-hot draft), which
+# returns the full-vocabulary masses of ``_vocab_sums`` at the positions ``need`` marks (0 elsewhere).
+def _unsupported_strict(s: _Pos, pr: _Probs, vocab_mass: Callable | None) -> torch.Tensor:
+    return torch.zeros_like(pr.p_y)  # b = p
+
+
+def _unsupported_mars(s: _Pos, pr: _Probs, vocab_mass: Callable | None) -> torch.Tensor:
+    # lam < 1: b >= (1 - lam) p, nothing is out of reach.  lam = 1: b(y) = min(p, q)(y) + (Z - D) res(y)
+    # is 0 exactly where q(y) = 0 and Z = D: R holds and no token outside T is over-proposed, so every
+    # draft that fails the strict test is relaxed and the position never rejects; the tokens the draft
+    # never proposes are then out of reach.  One-hot q on x: that is R and x in T, with mass 1 - p(x).
+    if pr.lam < 1:
+        return torch.zeros_like(pr.p_y)
+    if vocab_mass is None:
+        return torch.where(s.relax & s.in_top2, 1.0 - s.p_x, 0.0)
+    over_proposed_top = (pr.q_t1 > pr.p_t1) | (pr.q_t2 > pr.p_t2)  # D > 0 where R holds
+    return vocab_mass("mars_unsupported", pr.relax & over_proposed_top)
+
+
+def _unsupported_mars_code(s: _Pos, pr: _Probs, vocab_mass: Callable | None) -> torch.Tensor:
+    # r > theta: a drafted x in T is emitted and any other x closes from the full p, so when q proposes
+    # nothing outside T only the T-tokens it proposes are reachable (one-hot: x in T, mass 1 - p(x)).
+    # Below the threshold nothing is out of reach: q(y) > 0 accepts y with a positive chance, and
+    # q(y) = 0 < p(y) forces some x with q(x) > p(x), whose rejection can draw y.
+    if vocab_mass is None:
+        return torch.where(s.relax & s.in_top2, 1.0 - s.p_x, 0.0)
+    return vocab_mass("code_unsupported", pr.relax)
+
+
+_UNSUPPORTED: dict[str, Callable[[_Pos, _Probs, Callable | None], torch.Tensor]] = {
+    "strict": _unsupported_strict,
+    "mars": _unsupported_mars,
+    "mars_code": _unsupported_mars_code,
 }
 
 
@@ -319,6 +363,18 @@ def verify_chain(
     if num_drafts is not None:  # a bonus before column K (the row's chain was shorter): b = p there too
         behavior[:, :k] = torch.where(col_idx[:, :k] < n_drafted.unsqueeze(1), behavior[:, :k], logp_y[:, :k])
 
+    verified = emitted[:, :k] & (col_idx[:, :k] < n_drafted.unsqueeze(1))  # [B, K] emitted at a draft
+
+    def vocab_mass(kind: str, need: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(bsz, k, dtype=torch.float64, device=dev)
+        idx = (need & verified).nonzero(as_tuple=True)
+        out[idx] = _vocab_sums(kind, d, draft_probs, idx)
+        return out
+
+    unsupported = torch.zeros(bsz, k1, device=dev)  # [B, K+1] float32; the bonus column has b = p
+    dense = None if draft_probs is None else vocab_mass
+    unsupported[:, :k] = torch.where(verified, _UNSUPPORTED[rule_eff](pos, probs, dense), 0.0).float()
+
     prov = torch.full((bsz, k1), int(Provenance.PAD), dtype=torch.int8, device=dev)
     acc_cols = col_idx[:, :k] < n_acc.unsqueeze(1)
     prov[:, :k] = torch.where(
@@ -338,6 +394,7 @@ def verify_chain(
         behavior_logprob=torch.where(emitted, behavior.float(), zero),
         logit_ratio=torch.where(emitted, ratio, zero),
         is_top2=emitted & (y == t2),
+        unsupported_mass=unsupported,
     )
 
 
@@ -374,21 +431,36 @@ def _closing_weights(
 def _vocab_sums(kind: str, d: TargetDist, draft_probs: torch.Tensor, idx: tuple) -> torch.Tensor:
     """Per-position sums over the vocabulary at the positions ``idx`` -> [M] float64.
 
-    residual_mass: Z = sum_v max(0, p(v) - q(v)); code_rejection_sum: S = sum_v max(0, q - p) / (1 - p).
-    Rows are processed in blocks so the [M, V] temporaries stay small.
+    residual_mass: Z = sum_v max(0, p(v) - q(v)); code_rejection_sum: S = sum_v max(0, q - p) / (1 - p);
+    mars_unsupported: sum of p over q == 0 where no token outside T = {t1, t2} has q > p, else 0;
+    code_unsupported: sum of p off {v in T: q(v) > 0} where q has no mass outside T, else 0.
+    Rows are processed in blocks so the [M, V] temporaries stay small.  At T = 0 p is the point mass on t1.
     """
     n_rows = idx[0].numel()
     step = block_rows(n_rows, draft_probs.shape[-1], draft_probs.device)
     out = []
     for start in range(0, n_rows, step):
         sub = tuple(i[start : start + step] for i in idx)
-        p = dist_probs(d, sub)
         q = draft_probs[sub].float()
+        if d.temperature > 0:
+            p = dist_probs(d, sub)
+        else:
+            p = torch.zeros_like(q).scatter_(-1, d.t1[sub].unsqueeze(-1), 1.0)
         if kind == "residual_mass":
             out.append((p - q).clamp_min_(0).sum(-1).double())
-        else:
+        elif kind == "code_rejection_sum":
             a = (q - p).clamp_min_(0)
             out.append((a / (1 - p).clamp_min_(1e-30)).sum(-1).double())
+        else:
+            in_t = torch.zeros_like(q, dtype=torch.bool)  # [M, V] membership of T
+            in_t.scatter_(-1, d.t1[sub].unsqueeze(-1), True).scatter_(-1, d.t2[sub].unsqueeze(-1), True)
+            if kind == "mars_unsupported":
+                spill = ((q > p) & ~in_t).any(-1)
+                mass = torch.where(q == 0, p, 0.0).sum(-1)
+            else:
+                spill = ((q > 0) & ~in_t).any(-1)
+                mass = torch.where(in_t & (q > 0), 0.0, p).sum(-1)
+            out.append(torch.where(spill, 0.0, mass).double())
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64, device=draft_probs.device)
 
 

@@ -30,6 +30,8 @@ Conventions the fast code must share to match exactly:
   to V - 1); zero-weight tokens are never drawn.
 * Outputs follow ``types.py``: int64 tokens (-1 padding), int8 provenance (PAD padding), float32
   log-probs and ratios (0.0 padding; ``-inf`` kept where the emitted token has p = 0), bool is_top2.
+* Unsupported mass: the sum of p over the tokens the position can never emit, found by enumerating the
+  branches with a positive chance (never from the closed forms); 0 at the bonus position.
 """
 
 from __future__ import annotations
@@ -283,6 +285,33 @@ def reference_behavior_distribution_chain(
     return b
 
 
+def reference_unsupported_mass_chain(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    t1: int,
+    t2: int,
+    R: bool,
+    rule: Rule,
+    temperature: float,
+    relax_prob: float = 1.0,
+) -> float:
+    """Sum of p(y) over the tokens y one chain position can never emit, by enumerating its branches:
+    every x with q(x) > 0 is emitted when its acceptance chance is positive, and when that chance is
+    below 1 its rejection can emit every token with a positive closing weight."""
+    pos = _bare_position(p, t1, t2, R, rule, temperature, relax_prob)
+    q = q.double()
+    reachable = torch.zeros(pos.p.numel(), dtype=torch.bool)
+    for x in range(pos.p.numel()):
+        if float(q[x]) <= 0:
+            continue
+        a, _ = _chain_step(pos, q, x, None)
+        if a > 0:
+            reachable[x] = True
+        if a < 1.0:
+            reachable |= _chain_close_weights(pos, q, x) > 0
+    return float(pos.p[~reachable].sum())
+
+
 # ----------------------------------------------------------------------------------------------------
 # Tree rules: the siblings of one node, walked in order
 # ----------------------------------------------------------------------------------------------------
@@ -405,6 +434,35 @@ def reference_behavior_distribution_tree(
     return b + reach * w / w.sum()
 
 
+def reference_unsupported_mass_tree(
+    p: torch.Tensor,
+    t1: int,
+    t2: int,
+    relax_flag: bool,
+    sibling_tokens: list[int],
+    sibling_q: list[float],
+    rule: Rule,
+    temperature: float,
+    relax_prob: float = 1.0,
+) -> float:
+    """Sum of p(y) over the tokens y a tree node with these siblings can never emit, by walking them:
+    a sibling is emitted when its acceptance chance (once reached) is positive, the walk goes on only
+    while that chance is below 1, and if it gets past them all, every token of positive closing weight."""
+    pos = _bare_position(p, t1, t2, relax_flag, rule, temperature, relax_prob)
+    if not sibling_tokens:
+        return 0.0
+    walk = _walk_siblings(pos, list(sibling_tokens), [float(q) for q in sibling_q], False, None)
+    reachable = torch.zeros(pos.p.numel(), dtype=torch.bool)
+    for s, a in zip(sibling_tokens, walk.accept_probs, strict=True):
+        if a > 0:
+            reachable[s] = True
+        if a >= 1.0:
+            break
+    else:
+        reachable |= walk.close_weights > 0
+    return float(pos.p[~reachable].sum())
+
+
 # ----------------------------------------------------------------------------------------------------
 # Whole rounds
 # ----------------------------------------------------------------------------------------------------
@@ -446,9 +504,20 @@ class _Record:
         self.behavior_logprob = torch.zeros(batch, cols, dtype=torch.float32)
         self.logit_ratio = torch.zeros(batch, cols, dtype=torch.float32)
         self.is_top2 = torch.zeros(batch, cols, dtype=torch.bool)
+        self.unsupported_mass = torch.zeros(batch, cols, dtype=torch.float32)
         self.num_emitted = torch.zeros(batch, dtype=torch.int64)
 
-    def emit(self, b: int, col: int, y: int, provenance: Provenance, pos: _Position, behavior: torch.Tensor):
+    def emit(
+        self,
+        b: int,
+        col: int,
+        y: int,
+        provenance: Provenance,
+        pos: _Position,
+        behavior: torch.Tensor,
+        unsupported: float = 0.0,
+    ):
+        self.unsupported_mass[b, col] = unsupported
         self.tokens[b, col] = y
         self.provenance[b, col] = int(provenance)
         self.target_logprob[b, col] = _log(float(pos.p[y]))
@@ -505,13 +574,16 @@ def reference_verify_chain(
             behavior = reference_behavior_distribution_chain(
                 pos.p, q, pos.t1, pos.t2, pos.relax, rule, temperature, relax_prob
             )
+            unsupported = reference_unsupported_mass_chain(
+                pos.p, q, pos.t1, pos.t2, pos.relax, rule, temperature, relax_prob
+            )
             u = None if u_rows is None else u_rows[b][j]
             _, verdict = _chain_step(pos, q, x, u)
             if verdict is not None:
-                out.emit(b, j, x, verdict, pos, behavior)
+                out.emit(b, j, x, verdict, pos, behavior, unsupported)
                 continue
             y = _draw(pos, _chain_close_weights(pos, q, x), closing_u)
-            out.emit(b, j, y, Provenance.RESAMPLED, pos, behavior)
+            out.emit(b, j, y, Provenance.RESAMPLED, pos, behavior, unsupported)
             break
         else:
             # Every draft accepted: the bonus token comes from p after the last one (b = p there).
@@ -527,6 +599,7 @@ def reference_verify_chain(
         behavior_logprob=out.behavior_logprob,
         logit_ratio=out.logit_ratio,
         is_top2=out.is_top2,
+        unsupported_mass=out.unsupported_mass,
     )
 
 
@@ -610,13 +683,16 @@ def reference_verify_tree(
             behavior = reference_behavior_distribution_tree(
                 pos.p, pos.t1, pos.t2, pos.relax, sib_tokens, sib_q, rule, temperature, relax_prob
             )
+            unsupported = reference_unsupported_mass_tree(
+                pos.p, pos.t1, pos.t2, pos.relax, sib_tokens, sib_q, rule, temperature, relax_prob
+            )
             walk = _walk_siblings(pos, sib_tokens, sib_q, True, level_u)
             if walk.accepted is None:
                 y = _draw(pos, walk.close_weights, closing_u)
-                out.emit(b, level, y, Provenance.RESAMPLED, pos, behavior)
+                out.emit(b, level, y, Provenance.RESAMPLED, pos, behavior, unsupported)
                 break
             node = kids[walk.accepted]
-            out.emit(b, level, sib_tokens[walk.accepted], walk.provenance, pos, behavior)
+            out.emit(b, level, sib_tokens[walk.accepted], walk.provenance, pos, behavior, unsupported)
             path_nodes[b, level] = node
             level += 1
 
@@ -629,4 +705,5 @@ def reference_verify_tree(
         behavior_logprob=out.behavior_logprob,
         logit_ratio=out.logit_ratio,
         is_top2=out.is_top2,
+        unsupported_mass=out.unsupported_mass,
     )

@@ -52,4 +52,5 @@ def sample_plain(
         behavior_logprob=col(logp),
         logit_ratio=col(margin_ratio(d.z1, d.z2)),
         is_top2=col(y == d.t2),
+        unsupported_mass=torch.zeros(bsz, 1, device=logits.device),  # b = p
     )

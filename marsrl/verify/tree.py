@@ -33,6 +33,10 @@ rejects a relaxable sibling and mars takes it, which given strict's rejection ha
 emits y with probability p(y).  So pi / b <= 1 / (1 - lam)^2 per tree node (1 / (1 - lam) when at most
 one of t1, t2 is a sibling, as in a chain); the bound is reached by a token closing after both t1 and t2
 were drafted and rejected.  relax_prob at T = 0 and under mars_code: as for ``verify_chain``.
+Unsupported mass at a node (p-mass with b = 0; see ``_unsupported``): 0 for strict and mars at lam < 1;
+mars at lam = 1 with a relaxable sibling s_c tried before any sibling holding all the mass left:
+1 - p(s_1) - ... - p(s_c); mars_code likewise from its own walk (above the threshold, 1 - p of the first
+top-2 sibling; below it, a sibling with p(s) >= rem q(s) is taken for certain and cuts the rest off).
 
 Randomness: one ``torch.rand((B, D*C + 1), dtype=float64, generator=generator)`` per call at T > 0, where
 D is the deepest node and C the most children of any node in the batch; column j*C + k is the k-th
@@ -125,6 +129,7 @@ class _Walk(NamedTuple):
     a: torch.Tensor  # [B, C] accept probability of each sibling once reached (0 where invalid)
     reach: torch.Tensor  # [B, C] probability of reaching each sibling
     removed: torch.Tensor  # [B, C] mass removed from p(s) when s is rejected
+    rem: torch.Tensor  # [B, C] mass left (the adjusted p's total) when each sibling is tried
     reach_end: torch.Tensor  # [B] probability that every sibling is rejected
     rem_end: torch.Tensor  # [B] mass left for the closing draw
     pick: torch.Tensor  # [B] index of the accepted sibling, -1 if none
@@ -144,7 +149,8 @@ def _walk_siblings(rule: str, node: _Node, u: torch.Tensor, lam: float) -> _Walk
         ones = torch.ones(bsz, dtype=torch.float64, device=dev)
         empty = ones.new_zeros(bsz, 0)
         none = torch.full((bsz,), -1, dtype=torch.long, device=dev)
-        return _Walk(empty, empty, empty, ones, ones, none, torch.zeros(bsz, dtype=torch.bool, device=dev))
+        no = torch.zeros(bsz, dtype=torch.bool, device=dev)
+        return _Walk(empty, empty, empty, empty, ones, ones, none, no)
     step = _STEP[rule]
     valid = node.sib_valid
     p_s = node.logp_s.exp()  # [B, C]
@@ -165,7 +171,27 @@ def _walk_siblings(rule: str, node: _Node, u: torch.Tensor, lam: float) -> _Walk
     found = take.any(1)
     pick = torch.where(found, first, -1)
     pick_relaxed = found & ~passed.gather(1, first.unsqueeze(1)).squeeze(1)
-    return _Walk(a, reach, removed, keep[:, -1], 1 - removed.sum(1), pick, pick_relaxed)
+    return _Walk(a, reach, removed, rem, keep[:, -1], 1 - removed.sum(1), pick, pick_relaxed)
+
+
+def _unsupported(rule: str, lam: float, node: _Node, walk: _Walk) -> torch.Tensor:
+    """The p-mass at each row's node that the walk cannot emit (b = 0 < p), [B] float64.
+
+    Reachable are the siblings tried with a positive chance, up to the first one taken for certain
+    (a = 1), and, when no sibling is certain, every token of the closing draw (all of p's support: only
+    rejected siblings lose closing weight, and they were reachable themselves).  So the mass is 0 unless
+    a certain sibling c leaves mass behind (p(s_c) < the mass left), and then it is
+    1 - sum of p over the reachable siblings.  strict (b = p) and mars at lam < 1 (b >= (1 - lam)^2 p)
+    have none by construction.
+    """
+    if rule == "strict" or (rule == "mars" and lam < 1):
+        return torch.zeros_like(walk.reach_end)
+    p_s = node.logp_s.exp()
+    certain = node.sib_valid & (walk.a >= 1) & (walk.reach > 0)  # the first certain sibling, if any
+    cut = (certain & (p_s < walk.rem)).any(1)
+    reachable = (walk.reach * walk.a > 0).double()
+    mass = (1 - (reachable * p_s).sum(1)).clamp(0, 1)
+    return torch.where(cut, mass, 0.0)
 
 
 def verify_tree(
@@ -285,6 +311,7 @@ def verify_tree(
     target_lp = torch.zeros(bsz, width, device=dev)
     behavior_lp = torch.zeros_like(target_lp)
     ratios = torch.zeros_like(target_lp)
+    unsupported = torch.zeros_like(target_lp)
     is_top2 = torch.zeros(bsz, width, dtype=torch.bool, device=dev)
     row_max = torch.full((bsz,), float("-inf"), device=dev)  # for the NaN / inf checks on rows used
 
@@ -308,6 +335,7 @@ def verify_tree(
         target_lp[:, j] = torch.where(acc, pick(node.logp_s).float(), 0.0)
         behavior_lp[:, j] = torch.where(acc, b.clamp_min(0).log().float(), 0.0)
         ratios[:, j] = torch.where(acc, node.ratio, 0.0)
+        unsupported[:, j] = torch.where(acc, _unsupported(rule_eff, lam, node, walk), 0.0).float()
         is_top2[:, j] = acc & (tok == node.t2)
         n_acc += acc
         cur = torch.where(acc, pick(node.sib_node) + 1, cur)
@@ -339,6 +367,7 @@ def verify_tree(
     put(target_lp, logp_y)
     put(behavior_lp, b.clamp_min(0).log())
     put(ratios, node.ratio)
+    put(unsupported, _unsupported(rule_eff, lam, node, walk))  # a leaf (bonus) has no siblings: 0
     put(is_top2, y == node.t2)
 
     return TreeVerifyResult(
@@ -350,6 +379,7 @@ def verify_tree(
         behavior_logprob=behavior_lp,
         logit_ratio=ratios,
         is_top2=is_top2,
+        unsupported_mass=unsupported,
     )
 
 

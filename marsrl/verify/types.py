@@ -41,6 +41,9 @@ class VerifyResult:
     behavior_logprob: torch.Tensor  # [B, K+1] float32 log b(y): prob. the procedure emitted y here
     logit_ratio: torch.Tensor  # [B, K+1] float32 z2/z1 on the raw logits (NaN where z1 == 0)
     is_top2: torch.Tensor  # [B, K+1] bool: y is the target's rank-2 token by raw logits
+    # [B, K+1] float32: the target's mass at the position on tokens the procedure could not have emitted
+    # there (b = 0 < p), given everything fixed before it was verified; 0 at padding
+    unsupported_mass: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -60,3 +63,4 @@ class TreeVerifyResult:
     behavior_logprob: torch.Tensor  # [B, D+1] float32
     logit_ratio: torch.Tensor  # [B, D+1] float32
     is_top2: torch.Tensor  # [B, D+1] bool
+    unsupported_mass: torch.Tensor  # [B, D+1] float32: p-mass with b = 0 at the node (siblings fixed)

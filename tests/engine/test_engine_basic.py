@@ -6,7 +6,7 @@ import torch
 
 from marsrl.engine import EngineConfig, OracleDrafter, SamplingParams, SpeculativeEngine
 from marsrl.verify import Provenance
-from marsrl.verify.reference import reference_behavior_distribution_chain
+from marsrl.verify.reference import reference_behavior_distribution_chain, reference_unsupported_mass_chain
 from tests.engine.helpers import PROMPTS, hf_greedy
 
 
@@ -46,26 +46,29 @@ def test_recorded_logprobs_match_teacher_forcing(target):
 
 def test_behaviour_logprobs_match_slow_recomputation(target):
     """Rebuild each round from draft_position, re-ask the oracle for its drafts, teacher-force the target,
-    and enumerate b with the reference; every recorded behaviour log-prob must match (1e-4)."""
+    and enumerate b and the unsupported mass with the reference; every recorded behaviour log-prob must
+    match (1e-4), every unsupported mass (1e-5)."""
     k, theta = 4, 0.5  # a low theta so the tiny random target relaxes often
     oracle = OracleDrafter.from_target(target, PROMPTS, 40)
     for rule, lam in (("mars", 1.0), ("mars", 0.5), ("mars_code", 1.0)):
         cfg = EngineConfig(rule=rule, theta=theta, num_draft_tokens=k, relax_prob=lam)
         eng = SpeculativeEngine(target, oracle, cfg)
-        relaxed = 0
+        relaxed, out_of_reach = 0, 0.0
         for traj in eng.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=30, seed=5, n=3)):
             assert traj.relax_prob == lam
+            assert len(traj.unsupported_mass) == len(traj.completion_ids)
             logp, logits = teacher_forced_logprobs(target, traj.prompt_ids, traj.completion_ids)
             drafts = None
             for i, (y, j) in enumerate(zip(traj.completion_ids, traj.draft_position, strict=True)):
                 if i == 0:
                     assert traj.provenance[0] == Provenance.BONUS  # the prefill's token
+                    assert traj.unsupported_mass[0] == 0
                     continue
                 if j == 0:  # a new round starts at completion index i
                     drafts = oracle.propose([traj.prompt_ids + traj.completion_ids[:i]], k)[0].tolist()
                 p = logp[i].exp().double()
                 if j == k:  # bonus
-                    b = p
+                    b, unsupported = p, 0.0
                 else:
                     top = logits[i].topk(2)
                     z1, z2 = top.values.tolist()
@@ -74,9 +77,15 @@ def test_behaviour_logprobs_match_slow_recomputation(target):
                     b = reference_behavior_distribution_chain(
                         p, q, *top.indices.tolist(), flag, rule, 1.0, lam
                     )
+                    unsupported = reference_unsupported_mass_chain(
+                        p, q, *top.indices.tolist(), flag, rule, 1.0, lam
+                    )
                 assert abs(traj.behavior_logprobs[i] - b[y].log().item()) < 1e-4, (rule, i)
+                assert abs(traj.unsupported_mass[i] - unsupported) < 1e-5, (rule, lam, i)
                 relaxed += traj.provenance[i] == Provenance.RELAXED
+                out_of_reach += unsupported
         assert relaxed > 0, f"{rule}: nothing relaxed, the test would be vacuous"
+        assert (out_of_reach > 0) == (lam == 1), (rule, lam)  # a greedy draft relaxed at lam = 1 only
 
 
 def test_theta_one_equals_strict(target):

@@ -19,6 +19,12 @@ def _assert_same(fast, slow, tag):
         torch.testing.assert_close(
             getattr(fast, field), getattr(slow, field), rtol=0, atol=1e-4, equal_nan=True
         )
+    # closed form (fast) against enumerated reachability (slow); float32 logits: p agrees to ~1e-7
+    torch.testing.assert_close(fast.unsupported_mass, slow.unsupported_mass, rtol=0, atol=1e-6, msg=str(tag))
+    assert (
+        fast.unsupported_mass.dtype == torch.float32
+        and (fast.unsupported_mass[fast.provenance == 0] == 0).all()
+    )
 
 
 def _chain_inputs(seed, dense):
@@ -42,7 +48,7 @@ def _chain_inputs(seed, dense):
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("dense", [False, True])
 def test_chain_agrees_with_reference(rule, dense):
-    seen = set()
+    seen, out_of_reach = set(), 0.0
     for seed in range(12):
         logits, x, q = _chain_inputs(seed, dense)
         b, k1 = logits.shape[:2]
@@ -54,10 +60,15 @@ def test_chain_agrees_with_reference(rule, dense):
                 u = torch.rand((b, k1), dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
             _assert_same(fast, reference_verify_chain(logits, x, q, uniforms=u, **kw), (seed, temperature))
             seen |= set(fast.provenance.flatten().tolist())
+            out_of_reach += float(fast.unsupported_mass.sum())
     want = {Provenance.ACCEPTED, Provenance.RESAMPLED, Provenance.BONUS}
     if rule != "strict":
         want.add(Provenance.RELAXED)
     assert want <= seen, f"inputs did not exercise every outcome: {seen}"
+    if rule == "strict":
+        assert out_of_reach == 0
+    elif not dense:  # random full drafts over-propose outside the top-2: their nonzero cases are in
+        assert out_of_reach > 0  # test_unsupported.py
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -118,7 +129,7 @@ def _tree_inputs(seed):
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("use_q", [False, True])
 def test_tree_agrees_with_reference(rule, use_q):
-    seen = set()
+    seen, out_of_reach = set(), 0.0
     for seed in range(10):
         logits, tokens, parents, q = _tree_inputs(seed)
         q = q if use_q else None
@@ -139,7 +150,9 @@ def test_tree_agrees_with_reference(rule, use_q):
             _assert_same(fast, slow, (seed, temperature))
             assert torch.equal(fast.path_nodes, slow.path_nodes)
             seen |= set(fast.provenance.flatten().tolist())
+            out_of_reach += float(fast.unsupported_mass.sum())
     assert {Provenance.ACCEPTED, Provenance.RESAMPLED, Provenance.BONUS} <= seen
+    assert (out_of_reach > 0) == (rule != "strict")
     if rule != "strict":
         assert Provenance.RELAXED in seen
 
