@@ -6,11 +6,13 @@ One round, for each row independently (column j < K verifies draft x_j; column K
     u_j ~ U[0,1)                              p = target sampling dist. (T, top-k, top-p)
     strict ok   :  u_j * q(x_j) < p(x_j)      q = draft dist. (one-hot for a greedy draft)
     R (mars)    :  z1 > 0 and z2/z1 > theta   on the RAW logits at position j
-    mars        :  ok, or (R and x_j in {t1, t2} and lucky)  -> RELAXED when only R saved it
+    T           :  {t1, t2}, the raw top-2, within the support of p: a token top-k / top-p removed is
+                   never relaxed to (mars and mars_code), so no emitted token has p = 0 at T > 0
+    mars        :  ok, or (R and x_j in T and lucky)         -> RELAXED when only R saved it
     lucky       :  u_j q(x_j) < p(x_j) + lam (q(x_j) - p(x_j)), i.e. u_j < a + lam (1 - a), a = min(1, p/q):
                    the same uniform, so the relaxation is taken with probability lam = relax_prob once the
                    strict test failed; lam = 1 (the paper) always, lam = 0 never (strict, bit for bit)
-    mars_code   :  r > theta ? x_j in {t1, t2}  :  u_j * q(x_j) < p(x_j)
+    mars_code   :  r > theta ? x_j in T  :  u_j * q(x_j) < p(x_j)
     first failure j*: close with y ~ residual (strict/mars: max(0, p - q); mars_code: full p if r > theta,
                       else p with only p(x) lowered to max(0, p(x) - q(x)));  all accepted: y ~ p at K
                       (at the row's ``num_drafts`` when a shorter chain is given).
@@ -82,7 +84,7 @@ class _Pos(NamedTuple):
     x: torch.Tensor  # int64 drafted tokens
     p_x: torch.Tensor  # float64 p(x)
     q_x: torch.Tensor  # float64 q(x)
-    in_top2: torch.Tensor  # bool x in {t1, t2}
+    in_top2: torch.Tensor  # bool x in T = {t1, t2} within the support of p (any p(x) at T = 0)
     relax: torch.Tensor  # bool margin condition of the rule (R for mars, r > theta for mars_code)
     lam: float  # relax_prob: the probability of relaxing once the strict test failed (mars)
 
@@ -125,6 +127,8 @@ class _Probs(NamedTuple):
     q_t2: torch.Tensor
     y_is_t1: torch.Tensor  # bool
     y_is_t2: torch.Tensor  # bool
+    t1_in: torch.Tensor  # bool t1 is in T: p(t1) > 0 (always, short of exact ties at a filter's edge)
+    t2_in: torch.Tensor  # bool t2 is in T: p(t2) > 0, i.e. top-k / top-p kept it (always at T = 0)
     relax: torch.Tensor  # bool, the rule's margin condition
     lam: float  # relax_prob
 
@@ -138,8 +142,8 @@ def _behavior_mars(pr: _Probs, full_sum: Callable) -> torch.Tensor:
     # D = delta(t1) + delta(t2),
     # res(y) = max(0, p(y) - q(y)) / Z,  Z = sum_v max(0, p(v) - q(v))  (the strict residual mass)
     # (d1, d2 and big_d below carry the factor lam)
-    d1 = pr.lam * (pr.relax * (pr.q_t1 - pr.p_t1).clamp_min(0))
-    d2 = pr.lam * (pr.relax * (pr.q_t2 - pr.p_t2).clamp_min(0))
+    d1 = pr.lam * ((pr.relax & pr.t1_in) * (pr.q_t1 - pr.p_t1).clamp_min(0))
+    d2 = pr.lam * ((pr.relax & pr.t2_in) * (pr.q_t2 - pr.p_t2).clamp_min(0))
     big_d = d1 + d2
     # Z only matters where D > 0 and y has residual mass (p(y) > q(y)); relaxed tokens have none
     z_mass = full_sum("residual_mass", (big_d > 0) & (pr.p_y > pr.q_y))
@@ -153,8 +157,8 @@ def _behavior_mars_code(pr: _Probs, full_sum: Callable) -> torch.Tensor:
     # otherwise (accept w.p. min(1, p/q), reject -> p with only p(x) lowered by q(x)):
     #   b(y) = min(p(y), q(y)) + p(y) (S - a(y) / (1 - p(y))),  a(v) = max(0, q(v) - p(v)),
     #   S = sum_v a(v) / (1 - p(v))
-    in_t = pr.y_is_t1 | pr.y_is_t2
-    b_relax = pr.q_y * in_t + (1.0 - pr.q_t1 - pr.q_t2) * pr.p_y
+    in_t = (pr.y_is_t1 & pr.t1_in) | (pr.y_is_t2 & pr.t2_in)
+    b_relax = pr.q_y * in_t + (1.0 - pr.q_t1 * pr.t1_in - pr.q_t2 * pr.t2_in) * pr.p_y
     s_sum = full_sum("code_rejection_sum", ~pr.relax)
     a_y = (pr.q_y - pr.p_y).clamp_min(0)
     own = torch.where(a_y > 0, a_y / (1.0 - pr.p_y).clamp_min(1e-300), 0.0)
@@ -185,7 +189,7 @@ def _unsupported_mars(s: _Pos, pr: _Probs, vocab_mass: Callable | None) -> torch
         return torch.zeros_like(pr.p_y)
     if vocab_mass is None:
         return torch.where(s.relax & s.in_top2, 1.0 - s.p_x, 0.0)
-    over_proposed_top = (pr.q_t1 > pr.p_t1) | (pr.q_t2 > pr.p_t2)  # D > 0 where R holds
+    over_proposed_top = (pr.t1_in & (pr.q_t1 > pr.p_t1)) | (pr.t2_in & (pr.q_t2 > pr.p_t2))  # D > 0 under R
     return vocab_mass("mars_unsupported", pr.relax & over_proposed_top)
 
 
@@ -292,12 +296,19 @@ def verify_chain(
         else torch.rand((bsz, k1), dtype=torch.float64, device=dev, generator=generator)
     )
     top_t1, top_t2 = t1[:, :k], t2[:, :k]
+    p_x = dist_logp(d, drafted)[:, :k].exp()
+
+    # T = {t1, t2} within the filtered support: a token top-k / top-p removed (p = 0) is never relaxed to
+    # (at T = 0 p is the point mass on t1 and T is the raw top-2: greedy mars relaxes t2 by design)
+    def supported(p_v: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(p_v, dtype=torch.bool) if greedy else p_v > 0
+
     pos = _Pos(
         u=u[:, :k],
         x=draft_tokens,
-        p_x=dist_logp(d, drafted)[:, :k].exp(),
+        p_x=p_x,
         q_x=q_at(draft_tokens),
-        in_top2=(draft_tokens == top_t1) | (draft_tokens == top_t2),
+        in_top2=((draft_tokens == top_t1) | (draft_tokens == top_t2)) & supported(p_x),
         relax=relax[:, :k],
         lam=float(relax_prob),
     )
@@ -347,15 +358,18 @@ def verify_chain(
         out[idx] = _vocab_sums(kind, d, draft_probs, idx)
         return out
 
+    p_t1, p_t2 = dist_logp(d, t1)[:, :k].exp(), dist_logp(d, t2)[:, :k].exp()
     probs = _Probs(
         p_y=logp_y[:, :k].exp(),
         q_y=q_at(y_d),
-        p_t1=dist_logp(d, t1)[:, :k].exp(),
-        p_t2=dist_logp(d, t2)[:, :k].exp(),
+        p_t1=p_t1,
+        p_t2=p_t2,
         q_t1=q_at(top_t1),
         q_t2=q_at(top_t2),
         y_is_t1=y_d == top_t1,
         y_is_t2=y_d == top_t2,
+        t1_in=supported(p_t1),
+        t2_in=supported(p_t2),
         relax=pos.relax,
         lam=float(relax_prob),
     )
@@ -452,8 +466,10 @@ def _vocab_sums(kind: str, d: TargetDist, draft_probs: torch.Tensor, idx: tuple)
             a = (q - p).clamp_min_(0)
             out.append((a / (1 - p).clamp_min_(1e-30)).sum(-1).double())
         else:
-            in_t = torch.zeros_like(q, dtype=torch.bool)  # [M, V] membership of T
+            in_t = torch.zeros_like(q, dtype=torch.bool)  # [M, V] membership of T (within p's support)
             in_t.scatter_(-1, d.t1[sub].unsqueeze(-1), True).scatter_(-1, d.t2[sub].unsqueeze(-1), True)
+            if d.temperature > 0:
+                in_t &= p > 0
             if kind == "mars_unsupported":
                 spill = ((q > p) & ~in_t).any(-1)
                 mass = torch.where(q == 0, p, 0.0).sum(-1)

@@ -16,6 +16,8 @@ Conventions the fast code must share to match exactly:
   on the first argmax of the raw logits (top-k/top-p cannot change the argmax).
 * Top-2 by raw logits, the first index winning ties. r = z2 / z1 (NaN when z1 == 0).
   mars relaxes iff ``z1 > 0 and r > theta``; mars_code iff ``r > theta`` (no guard) and never at T == 0.
+  Both relax only to T = {t1, t2} within p's support (a token top-k / top-p removed is never relaxed
+  to); at T == 0, to the raw top-2.
 * Uniforms (float64), chain ``[B, K+1]``: column j < K is draft j's acceptance uniform, column K
   draws the round's closing token (whether after a rejection or as the bonus). Tree ``[B, D*C+1]``:
   the k-th sibling at path level j uses column ``j*C + k``; the last column draws the closing token.
@@ -140,7 +142,9 @@ class _Position:
     relax_prob: float = 1.0  # lam: the chance of relaxing once the strict test failed (mars)
 
     def in_top2(self, token: int) -> bool:
-        return token in (self.t1, self.t2)
+        """token in T: the raw top-2 within p's support (a token the filters removed is never relaxed
+        to); at T == 0 the raw top-2 itself."""
+        return token in (self.t1, self.t2) and (self.temperature == 0 or float(self.p[token]) > 0)
 
 
 def _position(logits_row, rule, temperature, theta, top_k, top_p, relax_prob) -> _Position:

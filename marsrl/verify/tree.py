@@ -11,11 +11,12 @@ At each node on the path, with p the target's sampling distribution there, rem =
 removed (starts at 1), and siblings s_1..s_m tried in order:
 
     strict   : accept s iff u * rem < p(s)            else rem -= p(s); p(s) <- 0
-    mars     : strict test, else accept (RELAXED) if z1 > 0, z2/z1 > theta, s in {t1, t2} and
+    mars     : strict test, else accept (RELAXED) if z1 > 0, z2/z1 > theta, s in T and
                u * rem < p(s) + lam * (rem - p(s))   (lam = relax_prob: always at 1, never at 0)
-    mars_code: if z2/z1 > theta: accept the first sibling in {t1, t2} (no draw; none -> close from full p)
+    mars_code: if z2/z1 > theta: accept the first sibling in T (no draw; none -> close from full p)
                else accept iff u * q(s) * rem < p(s), else p(s) <- max(0, p(s) - q(s)), rem -= min(p(s), q(s))
     all rejected: close with y ~ the adjusted p (RESAMPLED); a node without children: y ~ p (BONUS).
+    T = {t1, t2} (raw top-2) within p's support at T > 0: a sibling top-k / top-p removed is never relaxed.
 
 strict and mars treat every sibling as a deterministic proposal (q = 1, as EAGLE's top-k expansion is);
 ``draft_probs`` (the draft's probability of each node token) is read only by mars_code, as the released
@@ -136,8 +137,9 @@ class _Walk(NamedTuple):
     pick_relaxed: torch.Tensor  # [B] bool accepted only by the margin rule
 
 
-def _walk_siblings(rule: str, node: _Node, u: torch.Tensor, lam: float) -> _Walk:
-    """Try the siblings of every row's current node in order. u [B, C] float64 uniforms; lam relax_prob.
+def _walk_siblings(rule: str, node: _Node, u: torch.Tensor, lam: float, greedy: bool) -> _Walk:
+    """Try the siblings of every row's current node in order. u [B, C] float64 uniforms; lam relax_prob;
+    greedy: T = 0 (the relaxable set is then the raw top-2, else the top-2 within p's support).
 
     Vectorised over the siblings: what rejecting a sibling removes never depends on the mass left before
     it (true of every rule in ``_STEP``), so the masses left are an exclusive cumulative sum, the reach
@@ -155,6 +157,8 @@ def _walk_siblings(rule: str, node: _Node, u: torch.Tensor, lam: float) -> _Walk
     valid = node.sib_valid
     p_s = node.logp_s.exp()  # [B, C]
     in_top2 = (node.sib_tok == node.t1.unsqueeze(1)) | (node.sib_tok == node.t2.unsqueeze(1))
+    if not greedy:  # a token top-k / top-p removed (p = 0) is never relaxed to
+        in_top2 &= p_s > 0
     relax = node.relax.unsqueeze(1).expand(bsz, n_sib)
 
     def sibling(rem: torch.Tensor) -> _Sibling:
@@ -321,7 +325,7 @@ def verify_tree(
     for j in range(max_depth):
         node = at_node(cur)
         row_max = torch.maximum(row_max, torch.where(alive, node.z1, float("-inf")))
-        walk = _walk_siblings(rule_eff, node, u[:, j * max_children : (j + 1) * max_children], lam)
+        walk = _walk_siblings(rule_eff, node, u[:, j * max_children : (j + 1) * max_children], lam, greedy)
         acc = alive & (walk.pick >= 0)
         k = walk.pick.clamp(min=0).unsqueeze(1)
         pick = lambda t, k=k: t.gather(1, k).squeeze(1)  # noqa: E731
@@ -345,7 +349,7 @@ def verify_tree(
     node = at_node(cur)
     row_max = torch.maximum(row_max, node.z1)
     raise_on_flags(logit_flags("target_logits (rows on the verified paths)", row_max))
-    walk = _walk_siblings(rule_eff, node, torch.zeros_like(node.logp_s), lam)
+    walk = _walk_siblings(rule_eff, node, torch.zeros_like(node.logp_s), lam, greedy)
     has_children = node.sib_valid.any(dim=1)
     if greedy:
         y = node.t1

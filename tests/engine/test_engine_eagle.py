@@ -65,6 +65,21 @@ def test_theta_one_equals_strict_and_mars_relaxes(target, name):
     assert all(t.rule == "mars" and t.theta == 1.0 for t in same)
 
 
+@pytest.mark.parametrize("name", ["chain_k5", "tree_3x3"])
+def test_top_k_one_makes_every_rule_greedy(target, name):
+    """top_k = 1 at T = 1 is greedy sampling.  With theta = 0 (relaxable wherever z1 > 0) and a random head
+    that often drafts the filtered-out t2, mars and mars_code must still give HF's greedy completions: a
+    rollout never emits a token its sampling distribution gives probability 0."""
+    head = Eagle3Drafter.from_target(target)
+    sp = SamplingParams(temperature=1.0, top_k=1, max_new_tokens=24, seed=3)
+    want = hf_greedy(target, PROMPTS, 24)
+    for rule in ("mars", "mars_code"):
+        cfg = EngineConfig(**{**CONFIGS[name].__dict__, "rule": rule, "theta": 0.0})
+        out = SpeculativeEngine(target, head, cfg).generate(PROMPTS, sp)
+        assert [t.completion_ids for t in out] == want, rule
+        assert all(v == 0.0 for t in out for v in t.target_logprobs), rule  # p(t1) = 1 under top_k = 1
+
+
 def test_draft_confidence_bounds(target):
     """A confidence no draft reaches keeps one draft per row and round; one every draft passes keeps K.
     Either way the greedy completions are the target's own."""
