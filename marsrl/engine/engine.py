@@ -129,8 +129,9 @@ class SpeculativeEngine:
             for s in range(0, len(rows), self.config.max_batch_size):
                 self._run_batch(rows[s : s + self.config.max_batch_size], sampling, eos, gen, totals)
         totals["wall_seconds"] = time.perf_counter() - start
-        # tau: tokens per target forward of the speculative rounds, per sequence (the prefill's token is
-        # excluded from both counts); None when no round ran
+        # tau: kept tokens per target forward of the speculative rounds, per sequence (the prefill's token
+        # is excluded from both counts; a round's tokens past an EOS / max_new_tokens are not counted), so
+        # tau = (sum of completion lengths - sequences) / rounds exactly; None when no round ran
         totals["tau"] = totals["tokens_in_rounds"] / totals["rounds"] if totals["rounds"] else None
         self.stats = totals
         return [self._trajectory(r, sampling) for r in rows]
@@ -309,7 +310,6 @@ class SpeculativeEngine:
                 row.drafted += n_drafted
                 totals["rounds"] += 1
                 totals["drafted"] += n_drafted
-                totals["tokens_in_rounds"] += n
             for j in range(n):
                 tok = host["tokens"][b][j]
                 prov = host["provenance"][b][j]
@@ -328,6 +328,8 @@ class SpeculativeEngine:
                         row.relaxed += 1
                         totals["relaxed"] += 1
                 totals["tokens"] += 1
+                if drafted is not None:  # only kept tokens: those after an EOS / the length cap are dropped
+                    totals["tokens_in_rounds"] += 1
                 if tok in eos and not sampling.ignore_eos:
                     row.finish = "eos"
                 elif tok in stop:

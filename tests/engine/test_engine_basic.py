@@ -1,5 +1,6 @@
 """Engine paths that need no trained drafter: plain sampling and the oracle drafter."""
 
+import math
 import re
 
 import torch
@@ -19,7 +20,32 @@ def test_plain_and_oracle_greedy_equal_hf_generate(target):
     for k in (1, 3, 7):
         eng = SpeculativeEngine(target, oracle, EngineConfig(num_draft_tokens=k))
         assert [t.completion_ids for t in eng.generate(PROMPTS, sp)] == ref
-        assert eng.stats["tau"] == k + 1  # every draft accepted: exactly K + 1 tokens per target forward
+        # every draft accepted: K + 1 tokens per round, the last round cut at 24 (23 after the prefill's)
+        assert eng.stats["rounds"] == len(PROMPTS) * math.ceil(23 / (k + 1))
+        assert eng.stats["tau"] == 23 * len(PROMPTS) / eng.stats["rounds"] <= k + 1
+
+
+def test_tau_counts_only_kept_tokens(target):
+    """A round's tokens past max_new_tokens or an EOS are dropped, and tau must not count them:
+    tau = (kept tokens - the prefill's) / rounds exactly.  max_new_tokens = 2 with an oracle drafter and
+    K = 7: each sequence keeps one token of its one round (8 emitted), so tau is 1, not 8."""
+    oracle = OracleDrafter.from_target(target, PROMPTS, 40)
+    eng = SpeculativeEngine(target, oracle, EngineConfig(num_draft_tokens=7))
+    out = eng.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=2))
+    assert all(len(t.completion_ids) == 2 for t in out)
+    assert eng.stats["rounds"] == len(PROMPTS) and eng.stats["tau"] == 1.0
+    assert eng.stats["accepted"] == len(PROMPTS)  # accepted counts kept tokens too
+    ref = hf_greedy(target, PROMPTS, 24)
+    eos = ref[0][5]  # row 0 stops at its 6th token, mid-round
+    for sp in (
+        SamplingParams(temperature=0.0, max_new_tokens=24, eos_token_id=eos),
+        SamplingParams(temperature=1.0, max_new_tokens=13, seed=3, n=3),
+    ):
+        out = eng.generate(PROMPTS, sp)
+        kept = sum(len(t.completion_ids) - 1 for t in out)
+        assert eng.stats["tokens_in_rounds"] == kept
+        assert eng.stats["tau"] == kept / eng.stats["rounds"]
+        assert eng.stats["rounds"] == sum(t.stats["rounds"] for t in out)
 
 
 def teacher_forced_logprobs(target, prompt, completion, temperature=1.0):
