@@ -6,6 +6,7 @@ pool's with one actor (one request per call, trajectories stamped with the versi
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from ..engine import SamplingParams
@@ -24,7 +25,8 @@ class LocalPool:
     """
 
     def __init__(self, config: WorkerConfig | None = None, *, target=None, drafter=None):
-        self.worker = RolloutWorker(config, target=target, drafter=drafter)
+        with outside_zero3():
+            self.worker = RolloutWorker(config, target=target, drafter=drafter)
         self.info = self.worker.info()
         self.version = 0
         self._last: dict = {}
@@ -48,3 +50,20 @@ class LocalPool:
 
     def shutdown(self) -> None:
         """Nothing to release (the pool interface's lifetime call)."""
+
+
+@contextlib.contextmanager
+def outside_zero3():
+    """Load the rollout models whole: a ZeRO-3 trainer config built earlier in this process would
+    otherwise make ``from_pretrained`` partition them (transformers' global DeepSpeed config)."""
+    try:
+        from transformers.integrations import deepspeed as hf_ds
+    except ImportError:  # transformers without its DeepSpeed integration
+        yield
+        return
+    saved = hf_ds._hf_deepspeed_config_weak_ref
+    hf_ds._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_ds._hf_deepspeed_config_weak_ref = saved

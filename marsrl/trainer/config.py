@@ -70,6 +70,7 @@ class MarsGRPOConfig(GRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        _deepspeed_comm(self)
         if self.is_correction not in IS_CORRECTIONS:
             raise ValueError(f"is_correction must be one of {list(IS_CORRECTIONS)}, got {self.is_correction!r}")
         for name in ("is_clip_min", "is_clip_max"):
@@ -103,3 +104,22 @@ class MarsGRPOConfig(GRPOConfig):
                 "top_k / top_p truncate the rollout distribution while the trainer's log-probs are untruncated: "
                 "the correction cannot reach the filtered tokens; unset top_k and top_p"
             )
+
+
+def _deepspeed_comm(args: GRPOConfig) -> None:
+    """Start DeepSpeed's communication layer on the process group accelerate already made.
+
+    On CPU (``use_cpu``, gloo) accelerate builds a MULTI_CPU group and never calls
+    ``deepspeed.init_distributed``; ZeRO-3's ``zero.Init`` (model loading) then sees world size 1 and fails
+    its batch-size check with several ranks. With a group present this wraps it (a no-op when DeepSpeed's
+    layer is already up, as under ``accelerate launch`` on GPUs)."""
+    if not args.deepspeed:
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    import deepspeed
+
+    if not deepspeed.comm.is_initialized():
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)

@@ -9,14 +9,16 @@ from transformers import AutoModelForCausalLM
 
 from marsrl.engine import EngineConfig
 from marsrl.rollout import LocalPool, WorkerConfig
+from marsrl.rollout.local import outside_zero3
 from tests.rollout.helpers import save_tiny_world, sentences, tiny_head
 
 
 def local_pool(folder: str, rule: str = "mars", theta: float = 0.0, **engine) -> LocalPool:
     """A LocalPool on the policy saved in ``folder`` with a random head (sampled drafts: q has full
     support, so relaxation moves b away from pi and the weights are far from 1)."""
-    target = AutoModelForCausalLM.from_pretrained(folder).eval()
-    head = tiny_head(target)
+    with outside_zero3():  # a ZeRO-3 trainer config in this process must not partition the rollout models
+        target = AutoModelForCausalLM.from_pretrained(folder).eval()
+        head = tiny_head(target)
     cfg = EngineConfig(rule=rule, theta=theta, num_draft_tokens=3, draft_sampling="sample", **engine)
     return LocalPool(WorkerConfig(engine=cfg), target=target, drafter=head)
 
