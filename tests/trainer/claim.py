@@ -15,6 +15,7 @@ bench/claim.py."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 
@@ -37,12 +38,14 @@ def problem(seed: int = 0, directions: int = 4):
     head = Eagle3Drafter.from_target(policy)
     ys = torch.tensor(list(itertools.product(range(VOCAB), repeat=LENGTH)))  # [512, 3]
     ids = torch.cat([torch.tensor(PROMPT).expand(len(ys), -1), ys], dim=1)
-    params = {k: v.detach() for k, v in policy.named_parameters()}
+    forward_ad = copy.deepcopy(policy)  # SDPA's CPU kernel has no forward-mode AD: the JVPs use eager
+    forward_ad.set_attn_implementation("eager")
+    params = {k: v.detach() for k, v in forward_ad.named_parameters()}
     gen = torch.Generator().manual_seed(seed + 2)
     tangents = [{k: torch.randn(v.shape, generator=gen) for k, v in params.items()} for _ in range(directions)]
 
     def token_logp(p):
-        logits = functional_call(policy, p, (ids,)).logits[:, len(PROMPT) - 1 : -1].float()
+        logits = functional_call(forward_ad, p, (ids,)).logits[:, len(PROMPT) - 1 : -1].float()
         return torch.log_softmax(logits, -1).gather(-1, ys.unsqueeze(-1)).squeeze(-1)  # [512, 3]
 
     jac = []
@@ -55,8 +58,13 @@ def problem(seed: int = 0, directions: int = 4):
     return policy, head, ys, pi / pi.sum(), reward, torch.stack(jac, -1).double(), lp.double()
 
 
-def rollouts(policy, head, n: int, seed: int, **engine):
-    """n completions of the prompt from the speculative engine (T = 1, exactly 3 tokens)."""
+def rollouts(policy, head, n: int, seed: int, head_scale: float = 1.0, **engine):
+    """n completions of the prompt from the speculative engine (T = 1, exactly 3 tokens). ``head_scale``
+    sharpens a sampled draft's q (a peaked q over-proposes its tokens: relaxation becomes frequent)."""
+    if head_scale != 1.0:
+        head = copy.deepcopy(head)
+        with torch.no_grad():
+            head.lm_head.weight.mul_(head_scale)
     cfg = EngineConfig(max_batch_size=n, **engine)
     eng = SpeculativeEngine(policy, head, cfg)
     trajs = eng.generate([PROMPT], SamplingParams(temperature=1.0, max_new_tokens=LENGTH, ignore_eos=True, n=n, seed=seed))
