@@ -45,9 +45,9 @@ mars_code) one for the positions whose unsupported mass does.
 
 Unsupported mass (per emitted draft position; 0 at the bonus and padding): the sum of p(y) over the
 tokens y with b(y) = 0, from the closed forms.  strict and mars at relax_prob < 1: 0.  mars at 1: a
-one-hot draft x in {t1, t2} under R gives 1 - p(x); a full q gives the mass q never proposes, where R
-holds and q over-proposes no token outside {t1, t2} (else 0).  mars_code: above the threshold, the mass
-off the top-2 tokens q proposes, when q proposes nothing else; 0 below it.
+one-hot draft x in T under R gives 1 - p(x); a full q gives the mass q never proposes, where R holds
+and q over-proposes no token outside T (else 0).  mars_code: above the threshold, the mass off the
+T-tokens q proposes, when q proposes nothing else; 0 below it.
 """
 
 from __future__ import annotations
@@ -446,7 +446,8 @@ def _vocab_sums(kind: str, d: TargetDist, draft_probs: torch.Tensor, idx: tuple)
     """Per-position sums over the vocabulary at the positions ``idx`` -> [M] float64.
 
     residual_mass: Z = sum_v max(0, p(v) - q(v)); code_rejection_sum: S = sum_v max(0, q - p) / (1 - p);
-    mars_unsupported: sum of p over q == 0 where no token outside T = {t1, t2} has q > p, else 0;
+    mars_unsupported: sum of p over q == 0 where no token outside T ({t1, t2} within p's support) has
+    q > p, else 0;
     code_unsupported: sum of p off {v in T: q(v) > 0} where q has no mass outside T, else 0.
     Rows are processed in blocks so the [M, V] temporaries stay small.  At T = 0 p is the point mass on t1.
     """

@@ -27,7 +27,7 @@ Behaviour probability of the token y emitted at a node (siblings fixed):
     b(y) = sum_k [s_k == y] reach_k a_k + reach_end * w(y) / sum(w),
     reach_1 = 1, reach_{k+1} = reach_k (1 - a_k), a_k = the chance sibling k is accepted once reached,
     w = the closing weights at that node.  Strict gives b = p exactly (lossless).  Under mars a relaxable
-    sibling (R, s in {t1, t2}) has a_k = a + lam (1 - a), a = min(1, p(s) / rem), the strict chance.
+    sibling (R, s in T) has a_k = a + lam (1 - a), a = min(1, p(s) / rem), the strict chance.
 Bound (mars, relax_prob lam < 1): b(y) >= (1 - lam)^m p(y) at a node, m <= 2 the number of its siblings
 in {t1, t2}: couple the walk with strict's through the same uniforms; the two differ only where strict
 rejects a relaxable sibling and mars takes it, which given strict's rejection has chance lam, and strict
