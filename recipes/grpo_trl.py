@@ -47,7 +47,7 @@ def main(argv=None) -> dict:
         drafter = None
         if targs.draft_refresh_every and sources.drafter:
             drafter = Eagle3Drafter.from_pretrained(sources.drafter, target=model)
-        before = evaluate(model, tokenizer, heldout, cfg, targs.max_completion_length, cfg.seed)
+        before = evaluate(model, tokenizer, heldout, cfg, targs, cfg.seed)
         pool = build_pool(cfg, arm, sources)
         try:
             trainer = MarsGRPOTrainer(
@@ -55,8 +55,9 @@ def main(argv=None) -> dict:
             )
             trainer.train()
         finally:
-            pool.shutdown()
-        after = evaluate(trainer.model, tokenizer, heldout, cfg, targs.max_completion_length, cfg.seed)
+            if pool is not None:
+                pool.shutdown()
+        after = evaluate(trainer.model, tokenizer, heldout, cfg, targs, cfg.seed)
         rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
         results[arm.name] = {"before": before, "after": after, "rewards": rewards}
         print(json.dumps({"arm": arm.name, "accuracy_before": before["accuracy"],

@@ -163,6 +163,7 @@ def build_experiment(values: dict[str, Any], where: str) -> ExperimentConfig:
         if name in values and not isinstance(values[name] or {}, dict):
             raise ConfigError(f"{where}: '{name}' must be a mapping")
         values[name] = dict(values.get(name) or {})
+    _check_pool_and_trainer_keys(values["pool"], values["trainer"], where)
     if "rewards" in values and isinstance(values["rewards"], str):
         values["rewards"] = [values["rewards"]]
     cfg = build_config(ExperimentConfig, {k: v for k, v in values.items()}, where)
@@ -170,6 +171,23 @@ def build_experiment(values: dict[str, Any], where: str) -> ExperimentConfig:
         return dataclasses.replace(cfg, **nested)
     except ValueError as err:
         raise ConfigError(f"{where}: {err}") from err
+
+
+def _check_pool_and_trainer_keys(pool: dict, trainer: dict, where: str) -> None:
+    """Unknown pool keys (any depth) and unknown trainer fields fail at load, naming the file; the trainer's
+    values are checked when MarsGRPOConfig is built (run.trainer_args)."""
+    from ..rollout.config import PoolConfig
+    from ..trainer.config import MarsGRPOConfig
+
+    try:
+        PoolConfig.from_dict(pool, f"{where} (pool)")
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(f"{where} (pool): {err}") from err
+    unknown = sorted(set(trainer) - {f.name for f in dataclasses.fields(MarsGRPOConfig)})
+    if unknown:
+        raise ConfigError(f"{where} (trainer): unknown key(s) {unknown}; see MarsGRPOConfig / TRL's GRPOConfig")
 
 
 def load_experiment(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from .config import TINYWORLD, ArmConfig, ExperimentConfig, dump_experiment
-from .run import ExperimentError, Sources, arm_dir, load_data, trainer_args
+from .run import ExperimentError, Sources, arm_dir, load_data, pool_config, trainer_args
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"  # GSM8K's test split, when present
@@ -124,24 +124,6 @@ def plan_sources(cfg: ExperimentConfig) -> tuple[Sources, list[str]]:
         state = "built, reused" if _world_built(world) else "NOT built yet: `marsrl train` builds it first"
         notes.append(f"tiny world {world!r}: {folder} ({state})")
     return Sources(model=out["model"], drafter=out["drafter"], world=world), notes
-
-
-def pool_config(cfg: ExperimentConfig, arm: ArmConfig, sources: Sources):
-    """The PoolConfig of one arm: ``cfg.pool`` over the defaults, the sources, the arm's rule.
-
-    The same steps as ``run.build_pool`` before it starts anything (which should call this)."""
-    from ..config import ConfigError
-    from ..rollout import PoolConfig
-
-    pool_values = json.loads(json.dumps(cfg.pool))
-    worker = pool_values.setdefault("worker", {})
-    worker.setdefault("target", sources.model)
-    worker.setdefault("drafter", sources.drafter)
-    worker.setdefault("engine", {}).update(rule=arm.rule, theta=arm.theta, relax_prob=arm.relax_prob)
-    try:
-        return PoolConfig.from_dict(pool_values, "pool")
-    except (ConfigError, ValueError) as err:
-        raise ExperimentError(str(err)) from err
 
 
 def _trainer(cfg: ExperimentConfig, arm: ArmConfig):

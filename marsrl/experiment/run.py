@@ -120,8 +120,13 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def evaluate(model, tokenizer, problems: list[dict], cfg: ExperimentConfig, max_new_tokens: int, seed: int) -> dict:
-    """Held-out accuracy of ``model`` by plain decoding (no drafter: the policy itself, any arm alike)."""
+def evaluate(model, tokenizer, problems: list[dict], cfg: ExperimentConfig, args, seed: int) -> dict:
+    """Held-out accuracy of ``model`` by plain decoding (no drafter: the policy itself, any arm alike),
+    prompts rendered with the trainer's chat-template arguments; completions up to ``eval.max_new_tokens``
+    (default: the trainer's max_completion_length).
+
+    Runs where the model is: fine for the tiny world and for a whole model on one GPU; a ZeRO-3-partitioned
+    model after training is not gathered here (not yet supported)."""
     import torch
 
     from ..data import score
@@ -129,10 +134,11 @@ def evaluate(model, tokenizer, problems: list[dict], cfg: ExperimentConfig, max_
 
     was_training = model.training
     engine = SpeculativeEngine(model, None, EngineConfig(max_batch_size=cfg.eval.batch_size))
-    prompts = [_render(tokenizer, p["prompt"]) for p in problems]
+    kwargs = dict(getattr(args, "chat_template_kwargs", None) or {})
+    prompts = [_render(tokenizer, p["prompt"], kwargs) for p in problems]
     sampling = SamplingParams(
         temperature=cfg.eval.temperature,
-        max_new_tokens=cfg.eval.max_new_tokens or max_new_tokens,
+        max_new_tokens=cfg.eval.max_new_tokens or args.max_completion_length,
         eos_token_id=tokenizer.eos_token_id,
         seed=seed,
     )
@@ -147,8 +153,8 @@ def evaluate(model, tokenizer, problems: list[dict], cfg: ExperimentConfig, max_
     return {"accuracy": correct / len(problems), "ci_low": lo, "ci_high": hi, "n": len(problems)}
 
 
-def _render(tokenizer, messages) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+def _render(tokenizer, messages, kwargs: dict) -> list[int]:
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
@@ -241,20 +247,35 @@ def _no_gpu() -> bool:
     return not torch.cuda.is_available()
 
 
-def build_pool(cfg: ExperimentConfig, arm: ArmConfig, sources: Sources):
+def pool_config(cfg: ExperimentConfig, arm: ArmConfig, sources: Sources):
+    """The PoolConfig of one arm: ``cfg.pool`` over the defaults, the sources, the arm's rule."""
     from ..config import ConfigError
-    from ..rollout import LocalPool, PoolConfig, RolloutPool
+    from ..rollout import PoolConfig
 
     pool_values = json.loads(json.dumps(cfg.pool))
     worker = pool_values.setdefault("worker", {})
     worker.setdefault("target", sources.model)
     worker.setdefault("drafter", sources.drafter)
-    engine = worker.setdefault("engine", {})
-    engine.update(rule=arm.rule, theta=arm.theta, relax_prob=arm.relax_prob)
+    worker.setdefault("engine", {}).update(rule=arm.rule, theta=arm.theta, relax_prob=arm.relax_prob)
     try:
-        pool_cfg = PoolConfig.from_dict(pool_values, "pool")
+        return PoolConfig.from_dict(pool_values, "pool")
     except (ConfigError, ValueError) as err:
         raise ExperimentError(str(err)) from err
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a launcher (torchrun / accelerate / deepspeed set RANK), or a lone process."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def build_pool(cfg: ExperimentConfig, arm: ArmConfig, sources: Sources):
+    """The arm's rollout pool on the main process only (other trainer ranks get None: the trainer calls
+    the pool from rank 0 and scatters the trajectories)."""
+    from ..rollout import LocalPool, RolloutPool
+
+    if not is_main_process():
+        return None
+    pool_cfg = pool_config(cfg, arm, sources)
     if cfg.pool_backend == "local":
         return LocalPool(pool_cfg.worker)
     return RolloutPool(pool_cfg)
@@ -281,15 +302,15 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, sources: Sources, data, resum
     train_ds, heldout = data
     torch.manual_seed(cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(sources.model)
-    model = AutoModelForCausalLM.from_pretrained(sources.model)
-    args = trainer_args(cfg, arm, out, run is not None)
+    args = trainer_args(cfg, arm, out, run is not None)  # first: a ZeRO-3 config makes the load partitioned
+    model = AutoModelForCausalLM.from_pretrained(sources.model, dtype=torch.bfloat16 if args.bf16 else None)
     drafter = None
     if args.draft_refresh_every and sources.drafter:
         drafter = Eagle3Drafter.from_pretrained(sources.drafter, target=model)
     eval_path = out / "eval.json"
     evals = json.loads(eval_path.read_text()) if resume and eval_path.is_file() else {}
     if "before" not in evals:
-        evals["before"] = evaluate(model, tokenizer, heldout, cfg, args.max_completion_length, cfg.seed)
+        evals["before"] = evaluate(model, tokenizer, heldout, cfg, args, cfg.seed)
         _atomic_write(eval_path, json.dumps(evals, indent=2))
     pool = build_pool(cfg, arm, sources)
     try:
@@ -299,11 +320,12 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, sources: Sources, data, resum
         recorder = RunRecorder(trainer, out, tokenizer, cfg.samples_per_step, resume_from=ckpt)
         trainer.add_callback(recorder)
         trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
-        evals["after"] = evaluate(trainer.model, tokenizer, heldout, cfg, args.max_completion_length, cfg.seed)
+        evals["after"] = evaluate(trainer.model, tokenizer, heldout, cfg, args, cfg.seed)
         evals["tau"] = recorder.final_tau()
         _atomic_write(eval_path, json.dumps(evals, indent=2))
     finally:
-        pool.shutdown()
+        if pool is not None:
+            pool.shutdown()
         if run is not None:
             run.finish()
     return evals

@@ -52,12 +52,6 @@ def test_bad_value_names_file_and_key(tmp_path, section):
         load_experiment(_write(tmp_path, text))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="load_experiment does not check pool / trainer keys yet (a run, or --dry-run, refuses them "
-    "with an "
-    "ExperimentError that names the key but not the file); remove this mark when it does",
-)
 @pytest.mark.parametrize(
     "text, key",
     [

@@ -83,12 +83,12 @@ def test_wandb_runs_match_the_metrics_files(experiment):
     for arm in ARMS:
         folder = experiment / arm
         run = read_wandb_run(Path((folder / "wandb_run").read_text().strip()), wait_s=5)
-        assert run["group"] == "grpo_micro" and run["job_type"] == arm
-        assert run["name"] == f"grpo_micro-{arm}"
-        assert "rule:" + ("strict" if arm == "strict" else "mars") in run["tags"]
-        assert run["config"]["arm"]["name"] == arm
+        assert run.group == "grpo_micro" and run.job_type == arm
+        assert run.name == f"grpo_micro-{arm}"
+        assert "rule:" + ("strict" if arm == "strict" else "mars") in run.tags
+        assert run.config["arm"]["name"] == arm
         rows = {r["step"]: r for r in _rows(folder / "metrics.jsonl")}
-        history = [h for h in run["history"] if "train/loss" in h]
+        history = [h for h in run.history if "train/loss" in h]
         assert len(history) == len(rows)
         for h in history:
             mine = rows[h["train/global_step"]]
@@ -96,8 +96,10 @@ def test_wandb_runs_match_the_metrics_files(experiment):
                 if key.startswith("_") or _is_timing(key):
                     continue
                 assert key in mine, (arm, key)
-                if isinstance(value, float) and math.isnan(value):
-                    assert mine[key] is None
+                if value is None or (isinstance(value, float) and math.isnan(value)):
+                    assert mine[key] is None, (arm, key)
+                elif isinstance(value, str):
+                    assert mine[key] == value, (arm, key)
                 else:
                     assert mine[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (arm, key)
 

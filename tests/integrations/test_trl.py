@@ -1,5 +1,5 @@
-"""TRL's GRPOTrainer trained for 2 steps on CPU with marsrl's rollout_func (2 Ray actors), and the
-rollout function's contract checked in detail against a recording fake pool (no Ray)."""
+"""MarsGRPOTrainer (TRL's GRPOTrainer with marsrl's rollouts) trained for 2 steps on CPU with 2 Ray actors,
+and the rollout function's contract checked in detail against a recording fake pool (no Ray)."""
 
 import dataclasses
 
@@ -59,7 +59,7 @@ def test_rollout_func_contract_with_strings_and_messages():
     tok = tiny_tokenizer()
     pool = FakePool()
     sampling = SamplingParams(max_new_tokens=5, seed=4)
-    fn = make_rollout_func(pool, tok, sampling, sync_weights=False)
+    fn = make_rollout_func(pool, tok, sampling)
     prompts = ["the cat", "the cat", "a dog sat", "a dog sat"]
     out = fn(prompts, None)
     # one pool call, one group of 2 per distinct prompt, eos from the tokenizer, a fresh seed per call
@@ -102,19 +102,20 @@ def test_sampling_defaults_come_from_the_trainer():
         num_generations = 2
         model = torch.nn.Linear(1, 1)
 
-    fn = make_rollout_func(pool, tok, sync_weights=False)
+    fn = make_rollout_func(pool, tok)
     fn(["the cat", "the cat"], Trainer())
     sp = pool.calls[0][1]
     assert (sp.temperature, sp.top_k, sp.top_p, sp.max_new_tokens, sp.n) == (0.7, None, None, 6, 2)
     Args.repetition_penalty = 1.1
     with pytest.raises(ValueError, match="repetition_penalty are not supported"):
-        make_rollout_func(pool, tok, sync_weights=False)(["x"], Trainer())
+        make_rollout_func(pool, tok)(["x"], Trainer())
 
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_grpo_trainer_trains_two_steps_with_the_pool(tmp_path):
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+
+    from marsrl.trainer import MarsGRPOConfig, MarsGRPOTrainer
 
     from marsrl.data import generate_problems
     from marsrl.engine import EngineConfig
@@ -139,7 +140,7 @@ def test_grpo_trainer_trains_two_steps_with_the_pool(tmp_path):
         )
         return [float(len(c[0]["content"].split())) for c in completions]  # varies: gradients are non-zero
 
-    args = GRPOConfig(
+    args = MarsGRPOConfig(
         output_dir=str(tmp_path / "out"),
         use_cpu=True,
         bf16=False,
@@ -155,13 +156,8 @@ def test_grpo_trainer_trains_two_steps_with_the_pool(tmp_path):
     )
     questions = [p["question"] for p in generate_problems(16, seed=1, difficulty="easy")]
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in questions]})
-    trainer = GRPOTrainer(
-        model=folder,
-        reward_funcs=[reward],
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        rollout_func=make_rollout_func(pool, tokenizer),
+    trainer = MarsGRPOTrainer(
+        model=folder, reward_funcs=[reward], args=args, train_dataset=dataset, processing_class=tokenizer, pool=pool
     )
     start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     try:
