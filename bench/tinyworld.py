@@ -25,21 +25,12 @@ import time
 
 import torch
 
+from marsrl.algo import wilson_interval as wilson
 from marsrl.data import score
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, TreeConfig
 from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld
 from marsrl.tinyworld.build import heldout_problems
 from marsrl.tinyworld.tokenizer import chat_prompt_ids
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return (0.0, 1.0)
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (mid - half, mid + half)
 
 
 def paired_difference(a: torch.Tensor, b: torch.Tensor, z: float = 1.96) -> dict:

@@ -10,6 +10,7 @@ function has a slow loop reference in ``tests/algo`` that the vectorised version
 from .advantages import Scale, group_advantages
 from .bias import bias_metrics
 from .importance import Mode, importance_weights
+from .intervals import wilson_interval
 from .logprobs import STAT_KEYS, token_stats
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "group_advantages",
     "importance_weights",
     "token_stats",
+    "wilson_interval",
 ]

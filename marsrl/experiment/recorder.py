@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
 from transformers.integrations.integration_utils import rewrite_logs
 
 
@@ -131,3 +132,21 @@ def _prompt_text(prompt) -> str:
     if isinstance(prompt, list):
         return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in prompt)
     return str(prompt)
+
+
+class CompactProgress(ProgressCallback):
+    """TRL's progress bar, with one short line per step instead of the whole metrics dict."""
+
+    KEYS = (("reward", "reward", "{:.3f}"), ("tau", "rollout/tau", "{:.2f}"),
+            ("relaxed", "rollout/relaxed_frac", "{:.2%}"), ("top2 excess", "bias/top2_excess", "{:+.2%}"),
+            ("IS mean", "bias/is_ratio_mean", "{:.3f}"), ("s/step", "step_seconds", "{:.1f}"))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or self.training_bar is None or not logs or "loss" not in logs:
+            return
+        parts = [f"step {state.global_step}"]
+        for label, key, fmt in self.KEYS:
+            value = logs.get(key)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                parts.append(f"{label} {fmt.format(value)}")
+        self.training_bar.write("  ".join(parts))

@@ -110,16 +110,6 @@ def reward_functions(names) -> list:
 # ---------------------------------------------------------------------------------------- evaluation
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion k / n."""
-    if n == 0:
-        return float("nan"), float("nan")
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def evaluate(model, tokenizer, problems: list[dict], cfg: ExperimentConfig, args, seed: int) -> dict:
     """Held-out accuracy of ``model`` by plain decoding (no drafter: the policy itself, any arm alike),
     prompts rendered with the trainer's chat-template arguments; completions up to ``eval.max_new_tokens``
@@ -129,6 +119,7 @@ def evaluate(model, tokenizer, problems: list[dict], cfg: ExperimentConfig, args
     model after training is not gathered here (not yet supported)."""
     import torch
 
+    from ..algo import wilson_interval
     from ..data import score
     from ..engine import EngineConfig, SamplingParams, SpeculativeEngine
 
@@ -149,7 +140,7 @@ def evaluate(model, tokenizer, problems: list[dict], cfg: ExperimentConfig, args
         score(tokenizer.decode(t.completion_ids, skip_special_tokens=True), p["gold"])
         for t, p in zip(trajs, problems, strict=True)
     )
-    lo, hi = wilson(int(correct), len(problems))
+    lo, hi = wilson_interval(int(correct), len(problems))
     return {"accuracy": correct / len(problems), "ci_low": lo, "ci_high": hi, "n": len(problems)}
 
 
@@ -288,7 +279,9 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, sources: Sources, data, resum
 
     from ..drafter import Eagle3Drafter
     from ..trainer import MarsGRPOTrainer
-    from .recorder import RunRecorder
+    from transformers.trainer_callback import ProgressCallback
+
+    from .recorder import CompactProgress, RunRecorder
 
     out = arm_dir(cfg, arm)
     out.mkdir(parents=True, exist_ok=True)
@@ -319,6 +312,9 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, sources: Sources, data, resum
         )
         recorder = RunRecorder(trainer, out, tokenizer, cfg.samples_per_step, resume_from=ckpt)
         trainer.add_callback(recorder)
+        trainer.remove_callback(ProgressCallback)
+        if progress:
+            trainer.add_callback(CompactProgress())
         trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
         evals["after"] = evaluate(trainer.model, tokenizer, heldout, cfg, args, cfg.seed)
         evals["tau"] = recorder.final_tau()

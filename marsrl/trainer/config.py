@@ -36,6 +36,9 @@ class MarsGRPOConfig(GRPOConfig):
             (0 = never; needs ``drafter=``).
         draft_refresh_lr: learning rate of the head's AdamW during refreshes.
         draft_refresh_steps: optimizer steps of the head per refresh, on the captured batch.
+        draft_refresh_rows: completions of the batch (spread over it) the head trains on per refresh; the
+            TTT unroll costs ~7 draft forwards a row, so a refresh on the whole batch can cost a third of a
+            step (None: every row).
         max_policy_lag: the largest allowed difference between the trainer's step and the policy version
             a trajectory was generated with; larger is an error, not silent staleness.
     """
@@ -63,6 +66,9 @@ class MarsGRPOConfig(GRPOConfig):
     )
     draft_refresh_lr: float = field(default=3e-4, metadata={"help": "AdamW learning rate of draft refreshes."})
     draft_refresh_steps: int = field(default=1, metadata={"help": "Head optimizer steps per refresh."})
+    draft_refresh_rows: int | None = field(
+        default=8, metadata={"help": "Completions per refresh, spread over the batch (None: all)."}
+    )
     max_policy_lag: int = field(
         default=0,
         metadata={"help": "Largest allowed trainer step minus a trajectory's policy version."},
@@ -89,6 +95,8 @@ class MarsGRPOConfig(GRPOConfig):
             raise ValueError(f"draft_refresh_lr must be > 0, got {self.draft_refresh_lr}")
         if self.draft_refresh_steps < 1:
             raise ValueError(f"draft_refresh_steps must be >= 1, got {self.draft_refresh_steps}")
+        if self.draft_refresh_rows is not None and self.draft_refresh_rows < 1:
+            raise ValueError(f"draft_refresh_rows must be None or >= 1, got {self.draft_refresh_rows}")
         if self.max_policy_lag < 0:
             raise ValueError(f"max_policy_lag must be >= 0, got {self.max_policy_lag}")
         if self.use_vllm:

@@ -217,8 +217,10 @@ class MarsGRPOTrainer(GRPOTrainer):
         ids = torch.cat([out["prompt_ids"], completion_ids], dim=1)
         attn = torch.cat([out["prompt_mask"], completion_mask], dim=1)
         bs = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        forward_start = time.perf_counter()
         with torch.no_grad(), self._capture(keep_full=refresh) as cap:
             old, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attn, width, batch_size=bs)
+        forward_s = time.perf_counter() - forward_start
         if out.get("old_per_token_logps") is None:
             out["old_per_token_logps"] = old
         stats = self._token_stats(torch.cat(cap["h"]), completion_ids, mask_b)
@@ -240,7 +242,9 @@ class MarsGRPOTrainer(GRPOTrainer):
         metrics = self._batch_metrics(mode, old, behavior, stats, record, mask_b, rows)
         for key, value in is_metrics.items():
             metrics[f"correction/{key}"] = value
-        metrics["timing/correction_seconds"] = time.perf_counter() - started
+        # the no-grad forward TRL skips without vLLM, and the rest (weights, top-2 pass, statistics, taps)
+        metrics["timing/policy_forward_seconds"] = forward_s
+        metrics["timing/correction_seconds"] = time.perf_counter() - started - forward_s
         if refresh and self.accelerator.is_main_process:
             refresh_start = time.perf_counter()
             metrics.update(self._refresh_draft(cap, ids, attn, completion_mask))
@@ -372,8 +376,12 @@ class MarsGRPOTrainer(GRPOTrainer):
         """Train the head on this forward's features; it is sent with the policy at the next sync."""
         from ..drafter.train import refresh_draft, trainable_parameters
 
-        features = torch.cat(cap["features"])  # [N, P+C, 3*Ht]
-        hidden = torch.cat(cap["h"])  # [N, P+C, Ht]
+        n = ids.shape[0]
+        rows = min(self.args.draft_refresh_rows or n, n)
+        pick = torch.arange(0, n, n // rows)[:rows]  # spread over the batch: one group is one prompt
+        features = torch.cat(cap["features"])[pick]  # [rows, P+C, 3*Ht]
+        hidden = torch.cat(cap["h"])[pick]  # [rows, P+C, Ht]
+        ids, attn, completion_mask = ids[pick], attn[pick], completion_mask[pick]
         head = self.accelerator.unwrap_model(self.model).get_output_embeddings()
         with torch.no_grad():
             logits = F.linear(hidden.float(), head.weight.float(), None if head.bias is None else head.bias.float())
