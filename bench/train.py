@@ -3,7 +3,7 @@ drafter), strict and mars verification; and the draft kept in step (tau with and
 policy that moves).
 
     python bench/train.py                         # step costs: plain / strict / mars, 2 interleaved rounds
-    python bench/train.py --refresh --steps 30    # tau over 30 steps with and without draft refresh
+    python bench/train.py --refresh --steps 30    # tau over 30 steps with and without draft refresh (--lr)
     python bench/train.py --preset micro --steps 4 --rounds 1   # a quick look
 
 Each configuration is one ``marsrl train`` arm (in-process rollout worker, wandb off) whose per-step rows
@@ -95,11 +95,11 @@ def step_costs(args) -> dict:
 
 
 def refresh(args) -> dict:
-    """tau over ``--steps`` of a policy pushed hard (lr 1e-3): refreshed every 2 steps vs never."""
+    """tau over ``--steps`` of a moving policy (``--lr``): head refreshed every 2 steps vs never."""
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, every in (("refresh", 2), ("no_refresh", 0)):
-            sets = ["trainer.learning_rate=1.0e-3", f"trainer.draft_refresh_every={every}", *(args.set or [])]
+            sets = [f"trainer.learning_rate={args.lr}", f"trainer.draft_refresh_every={every}", *(args.set or [])]
             rs = run(args.preset, ArmConfig("strict", rule="strict"), args.steps, Path(tmp) / name, True, sets)
             taus = [r["train/rollout/tau"] for r in rs]
             start = statistics.mean(taus[:3])
@@ -115,6 +115,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--refresh", action="store_true", help="the draft-refresh comparison instead")
+    parser.add_argument("--lr", type=float, default=2e-4, help="policy learning rate of the refresh runs")
     parser.add_argument("--set", action="append", help="experiment overrides, e.g. trainer.max_completion_length=64")
     args = parser.parse_args()
     result = refresh(args) if args.refresh else step_costs(args)

@@ -349,15 +349,16 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bo
     _atomic_write(root / "config.yaml", dump_experiment(cfg))
     sources = resolve_sources(cfg, progress)
     data = load_data(cfg, sources.world)
+    say = print if progress else (lambda *a, **k: None)
     for i, arm in enumerate(cfg.arms):
         if resume and _arm_finished(cfg, arm):
-            print(f"[{i + 1}/{len(cfg.arms)}] {arm.name}: finished before, kept")
+            say(f"[{i + 1}/{len(cfg.arms)}] {arm.name}: finished before, kept")
             continue
-        print(f"[{i + 1}/{len(cfg.arms)}] training arm {arm.name} (rule {arm.rule}, theta {arm.theta}, "
-              f"lambda {arm.relax_prob}, correction {arm.is_correction})")
+        say(f"[{i + 1}/{len(cfg.arms)}] training arm {arm.name} (rule {arm.rule}, theta {arm.theta}, "
+            f"lambda {arm.relax_prob}, correction {arm.is_correction})")
         started = time.perf_counter()
         run_arm(cfg, arm, sources, data, resume, progress)
-        print(f"[{i + 1}/{len(cfg.arms)}] {arm.name} done in {time.perf_counter() - started:.0f} s")
+        say(f"[{i + 1}/{len(cfg.arms)}] {arm.name} done in {time.perf_counter() - started:.0f} s")
     return root
 
 

@@ -155,7 +155,7 @@ ROWS: tuple[Row, ...] = (
     Row("mean reward", "mean_reward", _num(".4f")),
     Row("held-out accuracy before [95% CI]", "acc_before", _accuracy),
     Row("held-out accuracy after [95% CI]", "acc_after", _accuracy),
-    Row("held-out tau", "eval_tau", _num(".3f")),
+    Row("tau at the end (eval.json)", "eval_tau", _num(".3f")),
     Row("wall-clock (s)", "wall_s", _num(".1f")),
     Row("step time (s, mean)", "step_seconds", _num(".2f")),
     Row("rollout share of step", "rollout_share", _pct),

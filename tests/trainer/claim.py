@@ -9,7 +9,7 @@ is computed by enumeration; N speculative rollouts estimate it with the recorded
     token weights      ĝ = mean_i  A(y_i) sum_t w_it grad log pi(y_it | y_i<t)   (w clipped as in TRL)
     uncorrected        the same with w = 1.
 
-Gradients are projected on D random parameter directions (forward-mode JVPs), so each estimate is a
+Gradients are projected on D random parameter directions (central differences in float64), so each estimate is a
 D-vector with a per-coordinate Monte Carlo standard error. Used by tests/trainer/test_claim.py and
 bench/claim.py."""
 
@@ -20,7 +20,6 @@ import itertools
 import math
 
 import torch
-from torch.func import functional_call, jvp
 
 from marsrl.algo import importance_weights
 from marsrl.drafter import Eagle3Drafter
@@ -38,24 +37,32 @@ def problem(seed: int = 0, directions: int = 4):
     head = Eagle3Drafter.from_target(policy)
     ys = torch.tensor(list(itertools.product(range(VOCAB), repeat=LENGTH)))  # [512, 3]
     ids = torch.cat([torch.tensor(PROMPT).expand(len(ys), -1), ys], dim=1)
-    forward_ad = copy.deepcopy(policy)  # SDPA's CPU kernel has no forward-mode AD: the JVPs use eager
-    forward_ad.set_attn_implementation("eager")
-    params = {k: v.detach() for k, v in forward_ad.named_parameters()}
+    # directional derivatives of every token's log-prob by central differences on a float64 copy (no
+    # forward-mode AD: other code in a test session may patch the forward with custom autograd functions)
+    shadow = copy.deepcopy(policy).double()
+    params = dict(shadow.named_parameters())
     gen = torch.Generator().manual_seed(seed + 2)
-    tangents = [{k: torch.randn(v.shape, generator=gen) for k, v in params.items()} for _ in range(directions)]
+    tangents = [{k: torch.randn(v.shape, generator=gen).double() for k, v in params.items()}
+                for _ in range(directions)]
 
-    def token_logp(p):
-        logits = functional_call(forward_ad, p, (ids,)).logits[:, len(PROMPT) - 1 : -1].float()
-        return torch.log_softmax(logits, -1).gather(-1, ys.unsqueeze(-1)).squeeze(-1)  # [512, 3]
+    @torch.no_grad()
+    def token_logp(shift=None, eps=0.0):
+        if shift is not None:
+            for k, p in params.items():
+                p.add_(eps * shift[k])
+        logits = shadow(ids).logits[:, len(PROMPT) - 1 : -1]
+        out = torch.log_softmax(logits, -1).gather(-1, ys.unsqueeze(-1)).squeeze(-1)  # [512, 3]
+        if shift is not None:
+            for k, p in params.items():
+                p.sub_(eps * shift[k])
+        return out
 
-    jac = []
-    with torch.no_grad():
-        for tan in tangents:
-            lp, d = jvp(token_logp, (params,), (tan,))
-            jac.append(d)
+    eps = 1e-5
+    lp = token_logp()
+    jac = [(token_logp(tan, eps) - token_logp(tan, -eps)) / (2 * eps) for tan in tangents]
     pi = lp.sum(-1).exp().double()  # [512]
     reward = torch.randn(len(ys), generator=gen, dtype=torch.float64)
-    return policy, head, ys, pi / pi.sum(), reward, torch.stack(jac, -1).double(), lp.double()
+    return policy, head, ys, pi / pi.sum(), reward, torch.stack(jac, -1), lp
 
 
 def rollouts(policy, head, n: int, seed: int, head_scale: float = 1.0, **engine):
