@@ -38,14 +38,21 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     world = build_tinyworld(args.preset, progress=False)
     target, tok, head, _ = load_tinyworld(world)
-    prompts = [chat_prompt_ids(tok, p["question"]) for p in heldout_problems(PRESETS[args.preset], args.prompts)]
+    prompts = [
+        chat_prompt_ids(tok, p["question"]) for p in heldout_problems(PRESETS[args.preset], args.prompts)
+    ]
     sampling = SamplingParams(
-        temperature=1.0, max_new_tokens=PRESETS[args.preset].max_new_tokens, eos_token_id=tok.eos_token_id,
-        n=args.group, seed=0,
+        temperature=1.0,
+        max_new_tokens=PRESETS[args.preset].max_new_tokens,
+        eos_token_id=tok.eos_token_id,
+        n=args.group,
+        seed=0,
     )
     configs = {"strict": EngineConfig(rule="strict", num_draft_tokens=args.k, max_batch_size=128)}
     for lam in args.lambdas:
-        configs[f"mars_l{lam:g}"] = EngineConfig(rule="mars", relax_prob=lam, num_draft_tokens=args.k, max_batch_size=128)
+        configs[f"mars_l{lam:g}"] = EngineConfig(
+            rule="mars", relax_prob=lam, num_draft_tokens=args.k, max_batch_size=128
+        )
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     for _ in range(args.repeats):  # interleaved: every configuration once per repeat
         for name, cfg in configs.items():
@@ -56,20 +63,34 @@ def main() -> None:
             batch = collate(trajs)
             mask = batch["mask"]
             log_w = (batch["target_logprobs"] - batch["behavior_logprobs"])[mask]
-            runs[name].append({
-                "tau": engine.stats["tau"],
-                "tokens_per_s": int(mask.sum()) / wall,
-                "relaxed_frac": float((batch["provenance"] == 2)[mask].float().mean()),
-                "unsupported_mass": float(batch["unsupported_mass"][mask].double().mean()),
-                "max_ratio_p_over_b": float(log_w.exp().max()),
-            })
+            runs[name].append(
+                {
+                    "tau": engine.stats["tau"],
+                    "tokens_per_s": int(mask.sum()) / wall,
+                    "relaxed_frac": float((batch["provenance"] == 2)[mask].float().mean()),
+                    "unsupported_mass": float(batch["unsupported_mass"][mask].double().mean()),
+                    "max_ratio_p_over_b": float(log_w.exp().max()),
+                }
+            )
     out = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
     ref = out[f"mars_l{args.lambdas[0]:g}"]
-    for name, fig in out.items():
+    for fig in out.values():
         fig["tau_vs_first_lambda"] = fig["tau"] / ref["tau"]
         fig["tokens_per_s_vs_first_lambda"] = fig["tokens_per_s"] / ref["tokens_per_s"]
-    print(json.dumps({"bench": "relax", "preset": args.preset, "prompts": args.prompts, "group": args.group,
-                      "k": args.k, "repeats": args.repeats, **out}, indent=2))
+    print(
+        json.dumps(
+            {
+                "bench": "relax",
+                "preset": args.preset,
+                "prompts": args.prompts,
+                "group": args.group,
+                "k": args.k,
+                "repeats": args.repeats,
+                **out,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

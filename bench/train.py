@@ -29,11 +29,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from marsrl.experiment.config import ArmConfig, load_experiment  # noqa: E402
-from marsrl.experiment.run import run_experiment  # noqa: E402
+from marsrl.experiment.config import ArmConfig, load_experiment
+from marsrl.experiment.run import run_experiment
 
 
-def run(preset: str, arm: ArmConfig, steps: int, out: Path, drafter: bool, overrides: list[str]) -> list[dict]:
+def run(
+    preset: str, arm: ArmConfig, steps: int, out: Path, drafter: bool, overrides: list[str]
+) -> list[dict]:
     sets = [
         f"model=tinyworld:{preset}",
         f"drafter={'tinyworld:' + preset if drafter else 'null'}",
@@ -82,7 +84,9 @@ def step_costs(args) -> dict:
             "policy_forward_share": med(
                 [r["train/timing/policy_forward_seconds"] / r["train/step_seconds"] for r in rs]
             ),
-            "correction_share": med([r["train/timing/correction_seconds"] / r["train/step_seconds"] for r in rs]),
+            "correction_share": med(
+                [r["train/timing/correction_seconds"] / r["train/step_seconds"] for r in rs]
+            ),
             "refresh_share_of_its_step": med(
                 [r["train/timing/draft_refresh_seconds"] / r["train/step_seconds"] for r in refresh]
             ),
@@ -99,13 +103,25 @@ def refresh(args) -> dict:
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, every in (("refresh", 2), ("no_refresh", 0)):
-            sets = [f"trainer.learning_rate={args.lr}", f"trainer.draft_refresh_every={every}", *(args.set or [])]
-            rs = run(args.preset, ArmConfig("strict", rule="strict"), args.steps, Path(tmp) / name, True, sets)
+            sets = [
+                f"trainer.learning_rate={args.lr}",
+                f"trainer.draft_refresh_every={every}",
+                *(args.set or []),
+            ]
+            rs = run(
+                args.preset, ArmConfig("strict", rule="strict"), args.steps, Path(tmp) / name, True, sets
+            )
             taus = [r["train/rollout/tau"] for r in rs]
             start = statistics.mean(taus[:3])
             end = statistics.mean(taus[-3:])
-            out[name] = {"tau_first3": start, "tau_last3": end, "end_over_start": end / start, "tau": taus,
-                         "reward": [r["train/reward"] for r in rs], "draft_loss": [r.get("train/draft/loss") for r in rs]}
+            out[name] = {
+                "tau_first3": start,
+                "tau_last3": end,
+                "end_over_start": end / start,
+                "tau": taus,
+                "reward": [r["train/reward"] for r in rs],
+                "draft_loss": [r.get("train/draft/loss") for r in rs],
+            }
     return out
 
 
@@ -116,7 +132,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--refresh", action="store_true", help="the draft-refresh comparison instead")
     parser.add_argument("--lr", type=float, default=2e-4, help="policy learning rate of the refresh runs")
-    parser.add_argument("--set", action="append", help="experiment overrides, e.g. trainer.max_completion_length=64")
+    parser.add_argument(
+        "--set", action="append", help="experiment overrides, e.g. trainer.max_completion_length=64"
+    )
     args = parser.parse_args()
     result = refresh(args) if args.refresh else step_costs(args)
     print(json.dumps({"bench": "train", "preset": args.preset, "steps": args.steps, **result}, indent=2))

@@ -75,21 +75,26 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """The top-level mapping of a YAML file; ConfigError naming the file when it is missing or not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys to values at the top level")
+    return loaded
+
+
 def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] | None = None) -> C:
     """Defaults of ``cls``, then the YAML file at ``path`` (if any), then ``key=value`` overrides."""
     values: dict[str, Any] = {}
     where = "defaults"
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({err})") from err
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping of keys to values at the top level")
-        values.update(loaded)
+        values.update(read_yaml_mapping(path))
         where = str(path)
     over = parse_overrides(overrides)
     values.update(over)

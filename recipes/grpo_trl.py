@@ -3,7 +3,8 @@
 
     python recipes/grpo_trl.py --config configs/grpo_tiny.yaml
     python recipes/grpo_trl.py --config configs/grpo_micro.yaml --set trainer.max_steps=2
-    accelerate launch --config_file configs/accelerate/zero3.yaml recipes/grpo_trl.py --config configs/grpo_qwen3_8b_mars.yaml
+    accelerate launch --config_file configs/accelerate/zero3.yaml recipes/grpo_trl.py \
+        --config configs/grpo_qwen3_8b_mars.yaml
 
 Each arm: resolve the model and drafter (``tinyworld:<preset>`` builds the embedded world) -> prompts and
 held-out problems -> a RolloutPool whose engine verifies with the arm's rule, theta and relax_prob ->
@@ -26,14 +27,23 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from marsrl.drafter import Eagle3Drafter
 from marsrl.experiment.config import load_experiment
-from marsrl.experiment.run import build_pool, evaluate, load_data, resolve_sources, reward_functions, trainer_args
+from marsrl.experiment.run import (
+    build_pool,
+    evaluate,
+    load_data,
+    resolve_sources,
+    reward_functions,
+    trainer_args,
+)
 from marsrl.trainer import MarsGRPOTrainer
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="configs/grpo_tiny.yaml")
-    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. trainer.max_steps=5")
+    parser.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override, e.g. trainer.max_steps=5"
+    )
     args = parser.parse_args(argv)
     cfg = load_experiment(args.config, args.set)
     sources = resolve_sources(cfg)
@@ -60,8 +70,16 @@ def main(argv=None) -> dict:
         after = evaluate(trainer.model, tokenizer, heldout, cfg, targs, cfg.seed)
         rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
         results[arm.name] = {"before": before, "after": after, "rewards": rewards}
-        print(json.dumps({"arm": arm.name, "accuracy_before": before["accuracy"],
-                          "accuracy_after": after["accuracy"], "final_reward": rewards[-1] if rewards else None}))
+        print(
+            json.dumps(
+                {
+                    "arm": arm.name,
+                    "accuracy_before": before["accuracy"],
+                    "accuracy_after": after["accuracy"],
+                    "final_reward": rewards[-1] if rewards else None,
+                }
+            )
+        )
     return results
 
 

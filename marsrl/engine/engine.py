@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..trajectory import Trajectory
+from ..trajectory import PER_TOKEN_FIELDS, Trajectory
 from ..verify import Provenance, VerifyResult, sample_plain, verify_chain, verify_tree
 from ..verify.dist import sample_from_weights
 from .cache import RaggedCache
@@ -44,15 +44,7 @@ class _Row:
         self.finish: str | None = None
 
 
-_RECORD_FIELDS = (
-    "provenance",
-    "target_logprobs",
-    "behavior_logprobs",
-    "logit_ratio",
-    "is_top2",
-    "draft_position",
-    "unsupported_mass",
-)
+_RECORD_FIELDS = PER_TOKEN_FIELDS
 _RESULT_FIELDS = (
     "provenance",
     "target_logprob",

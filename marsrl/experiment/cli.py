@@ -17,13 +17,20 @@ def add_train_parser(sub) -> None:
     )
     p.add_argument("--config", help="the experiment YAML (e.g. configs/grpo_tiny.yaml)")
     p.add_argument(
-        "--set", action="append", metavar="KEY=VALUE",
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
         help="override one field, YAML-typed, dots into sections (repeatable): --set trainer.max_steps=5",
     )
-    p.add_argument("--resume", action="store_true", help="continue a killed run from its last complete checkpoint")
+    p.add_argument(
+        "--resume", action="store_true", help="continue a killed run from its last complete checkpoint"
+    )
     p.add_argument("--overwrite", action="store_true", help="delete an existing experiment folder first")
-    p.add_argument("--dry-run", action="store_true",
-                   help="build everything that needs no weights (config, resource plan, data) and stop")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build everything that needs no weights (config, resource plan, data) and stop",
+    )
     p.add_argument("--no-report", action="store_true", help="skip the report at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_train)
@@ -41,7 +48,9 @@ def _train(args: argparse.Namespace) -> int:
 
             print(dry_run(cfg))
             return 0
-        root = run_experiment(cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
+        root = run_experiment(
+            cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress
+        )
     except (ConfigError, ExperimentError) as err:
         print(f"marsrl train: {err}", file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import yaml
 
-from ..config import ConfigError, build_config, parse_overrides
+from ..config import ConfigError, build_config, parse_overrides, read_yaml_mapping
 from ..trainer.config import IS_CORRECTIONS, IsCorrection
 from ..verify import DEFAULT_THETA, RULES, Rule
 
@@ -34,7 +34,9 @@ class ArmConfig:
 
     def __post_init__(self):
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.name or ""):
-            raise ValueError(f"arm name {self.name!r} must be letters, digits, '_', '.' or '-' (a folder name)")
+            raise ValueError(
+                f"arm name {self.name!r} must be letters, digits, '_', '.' or '-' (a folder name)"
+            )
         if self.rule not in RULES:
             raise ValueError(f"arm {self.name}: rule must be one of {list(RULES)}, got {self.rule!r}")
         if not self.theta >= 0:
@@ -46,13 +48,19 @@ class ArmConfig:
 
     @property
     def tags(self) -> list[str]:
-        return [f"rule:{self.rule}", f"theta:{self.theta:g}", f"lambda:{self.relax_prob:g}",
-                f"correction:{self.is_correction}"]
+        return [
+            f"rule:{self.rule}",
+            f"theta:{self.theta:g}",
+            f"lambda:{self.relax_prob:g}",
+            f"correction:{self.is_correction}",
+        ]
 
 
 DEFAULT_ARMS = (
     ArmConfig("strict", rule="strict"),
-    ArmConfig("mars", rule="mars", relax_prob=1.0),  # the paper's rule, corrected as far as its support allows
+    ArmConfig(
+        "mars", rule="mars", relax_prob=1.0
+    ),  # the paper's rule, corrected as far as its support allows
     ArmConfig("mars_l0.9", rule="mars", relax_prob=0.9),  # exactly correctable
 )
 
@@ -61,7 +69,9 @@ DEFAULT_ARMS = (
 class DataConfig:
     """Where prompts and answers come from."""
 
-    source: str = "tinyworld"  # "tinyworld" (generated GSM-style problems), a local .jsonl/.json/.parquet, or a hub id
+    source: str = (
+        "tinyworld"  # "tinyworld" (generated GSM-style problems), a local .jsonl/.json/.parquet, or a hub id
+    )
     hub_config: str | None = "main"  # the hub dataset's config (GSM8K: "main")
     train_split: str = "train"
     eval_split: str = "test"  # a local file serves both: its first n_eval rows are held out
@@ -105,10 +115,14 @@ class ExperimentConfig:
     output_dir: str = "outputs"
     seed: int = 0
     model: str = "tinyworld:default"  # a folder, a hub id, or tinyworld:<preset>
-    drafter: str | None = "tinyworld:default"  # EAGLE-3 head folder / hub id / tinyworld:<preset>; None: plain
+    drafter: str | None = (
+        "tinyworld:default"  # EAGLE-3 head folder / hub id / tinyworld:<preset>; None: plain
+    )
     data: DataConfig = field(default_factory=DataConfig)
     rewards: tuple[str, ...] = ("gsm8k",)
-    pool: dict = field(default_factory=dict)  # PoolConfig overrides (num_actors, worker.engine.num_draft_tokens, ...)
+    pool: dict = field(
+        default_factory=dict
+    )  # PoolConfig overrides (num_actors, worker.engine.num_draft_tokens, ...)
     pool_backend: Literal["ray", "local"] = "ray"  # local: one in-process worker (no Ray; tests, debugging)
     trainer: dict = field(default_factory=dict)  # MarsGRPOConfig overrides
     arms: tuple[ArmConfig, ...] = DEFAULT_ARMS
@@ -126,7 +140,9 @@ class ExperimentConfig:
             raise ValueError(f"arms: names must be unique, got {names}")
         bad = sorted(set(self.rewards) - set(REWARDS))
         if not self.rewards or bad:
-            raise ValueError(f"rewards must be a non-empty subset of {list(REWARDS)}, got {list(self.rewards)}")
+            raise ValueError(
+                f"rewards must be a non-empty subset of {list(REWARDS)}, got {list(self.rewards)}"
+            )
         if self.samples_per_step < 0:
             raise ValueError(f"samples_per_step must be >= 0, got {self.samples_per_step}")
         for key in ("rule", "theta", "relax_prob"):
@@ -157,7 +173,9 @@ def build_experiment(values: dict[str, Any], where: str) -> ExperimentConfig:
     arms = values.pop("arms", None)
     if arms is not None:
         if not isinstance(arms, list) or not all(isinstance(a, dict) for a in arms):
-            raise ConfigError(f"{where}: 'arms' must be a list of mappings (name, rule, theta, relax_prob, ...)")
+            raise ConfigError(
+                f"{where}: 'arms' must be a list of mappings (name, rule, theta, relax_prob, ...)"
+            )
         nested["arms"] = tuple(build_config(ArmConfig, a, f"{where} (arms[{i}])") for i, a in enumerate(arms))
     for name in ("pool", "trainer"):
         if name in values and not isinstance(values[name] or {}, dict):
@@ -187,7 +205,9 @@ def _check_pool_and_trainer_keys(pool: dict, trainer: dict, where: str) -> None:
         raise ConfigError(f"{where} (pool): {err}") from err
     unknown = sorted(set(trainer) - {f.name for f in dataclasses.fields(MarsGRPOConfig)})
     if unknown:
-        raise ConfigError(f"{where} (trainer): unknown key(s) {unknown}; see MarsGRPOConfig / TRL's GRPOConfig")
+        raise ConfigError(
+            f"{where} (trainer): unknown key(s) {unknown}; see MarsGRPOConfig / TRL's GRPOConfig"
+        )
 
 
 def load_experiment(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
@@ -196,16 +216,7 @@ def load_experiment(path: str | Path | None, overrides: list[str] | None = None)
     values: dict[str, Any] = {}
     where = "defaults"
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping of keys to values at the top level")
-        values = loaded
+        values = read_yaml_mapping(path)
         where = str(path)
     over = parse_overrides(overrides)
     for dotted, value in over.items():

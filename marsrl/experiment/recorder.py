@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from transformers import TrainerCallback
-from transformers.trainer_callback import ProgressCallback
 from transformers.integrations.integration_utils import rewrite_logs
+from transformers.trainer_callback import ProgressCallback
 
 
 def _rows(path: Path) -> list[dict]:
@@ -115,7 +115,9 @@ class RunRecorder(TrainerCallback):
         for func, weight in zip(self.trainer.reward_funcs, self.trainer.reward_weights.tolist(), strict=True):
             if not callable(func):
                 return None
-            value = func(prompts=[row.get("prompt")], completions=[completion], completion_ids=[ids], **extra)[0]
+            value = func(
+                prompts=[row.get("prompt")], completions=[completion], completion_ids=[ids], **extra
+            )[0]
             total += weight * (value or 0.0)
         return total
 
@@ -137,9 +139,14 @@ def _prompt_text(prompt) -> str:
 class CompactProgress(ProgressCallback):
     """TRL's progress bar, with one short line per step instead of the whole metrics dict."""
 
-    KEYS = (("reward", "reward", "{:.3f}"), ("tau", "rollout/tau", "{:.2f}"),
-            ("relaxed", "rollout/relaxed_frac", "{:.2%}"), ("top2 excess", "bias/top2_excess", "{:+.2%}"),
-            ("IS mean", "bias/is_ratio_mean", "{:.3f}"), ("s/step", "step_seconds", "{:.1f}"))
+    KEYS = (
+        ("reward", "reward", "{:.3f}"),
+        ("tau", "rollout/tau", "{:.2f}"),
+        ("relaxed", "rollout/relaxed_frac", "{:.2%}"),
+        ("top2 excess", "bias/top2_excess", "{:+.2%}"),
+        ("IS mean", "bias/is_ratio_mean", "{:.3f}"),
+        ("s/step", "step_seconds", "{:.1f}"),
+    )
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or self.training_bar is None or not logs or "loss" not in logs:

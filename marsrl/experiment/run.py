@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import shutil
 import time
@@ -25,8 +24,6 @@ from pathlib import Path
 
 from ..trainer.trainer import CHECKPOINT_COMPLETE as COMPLETE
 from .config import TINYWORLD, ArmConfig, ExperimentConfig, dump_experiment
-
-
 
 
 class ExperimentError(RuntimeError):
@@ -54,7 +51,9 @@ def resolve_sources(cfg: ExperimentConfig, progress: bool = True) -> Sources:
 
             preset = value[len(TINYWORLD) :]
             if preset not in PRESETS:
-                raise ExperimentError(f"{key}: unknown tiny-world preset {preset!r} (one of {sorted(PRESETS)})")
+                raise ExperimentError(
+                    f"{key}: unknown tiny-world preset {preset!r} (one of {sorted(PRESETS)})"
+                )
             if world not in (None, preset):
                 raise ExperimentError("model and drafter name different tiny worlds")
             world = preset
@@ -65,7 +64,7 @@ def resolve_sources(cfg: ExperimentConfig, progress: bool = True) -> Sources:
 
 
 def load_data(cfg: ExperimentConfig, world: str | None):
-    """(train Dataset with ``prompt`` (chat messages) and ``answer``, held-out problems [{question, gold}])."""
+    """(train Dataset with ``prompt`` (chat messages) and ``answer``; held-out [{question, gold, prompt}])."""
     from datasets import Dataset
 
     from ..data import generate_problems, load_gsm8k, prompt_messages
@@ -87,11 +86,15 @@ def load_data(cfg: ExperimentConfig, world: str | None):
             held = rows if local else load_gsm8k(d.source, d.eval_split, d.hub_config)
         except ValueError as err:
             raise ExperimentError(f"data.source: {err}") from err
-        heldout = [dict(question=r["question"], gold=r["gold"]) for r in held.select(range(min(d.n_eval, len(held))))]
+        heldout = [
+            dict(question=r["question"], gold=r["gold"]) for r in held.select(range(min(d.n_eval, len(held))))
+        ]
         start = len(heldout) if local else 0
         stop = len(rows) if d.n_train is None else min(len(rows), start + d.n_train)
         if stop <= start:
-            raise ExperimentError(f"data.source {d.source!r}: no rows left for training after {start} held out")
+            raise ExperimentError(
+                f"data.source {d.source!r}: no rows left for training after {start} held out"
+            )
         train = [dict(question=r["question"], gold=r["gold"]) for r in rows.select(range(start, stop))]
         messages = prompt_messages
     ds = Dataset.from_dict(
@@ -272,23 +275,27 @@ def build_pool(cfg: ExperimentConfig, arm: ArmConfig, sources: Sources):
     return RolloutPool(pool_cfg)
 
 
-def run_arm(cfg: ExperimentConfig, arm: ArmConfig, sources: Sources, data, resume: bool, progress: bool) -> dict:
+def run_arm(
+    cfg: ExperimentConfig, arm: ArmConfig, sources: Sources, data, resume: bool, progress: bool
+) -> dict:
     """Train one arm end to end; returns its eval.json content."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.trainer_callback import ProgressCallback
 
     from ..drafter import Eagle3Drafter
     from ..trainer import MarsGRPOTrainer
-    from transformers.trainer_callback import ProgressCallback
-
     from .recorder import CompactProgress, RunRecorder
 
     out = arm_dir(cfg, arm)
     out.mkdir(parents=True, exist_ok=True)
     resolved = dict(cfg.to_dict(), arm=dataclasses.asdict(arm), sources=dataclasses.asdict(sources))
-    _atomic_write(out / "config.yaml", dump_experiment(cfg) + "arm:\n" + "".join(
-        f"  {k}: {json.dumps(v)}\n" for k, v in dataclasses.asdict(arm).items()
-    ))
+    _atomic_write(
+        out / "config.yaml",
+        dump_experiment(cfg)
+        + "arm:\n"
+        + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in dataclasses.asdict(arm).items()),
+    )
     ckpt = latest_checkpoint(out / "checkpoints") if resume else None
     resume_id = (out / "wandb_id").read_text().strip() if resume and (out / "wandb_id").is_file() else None
     run = start_wandb(cfg, arm, out, resolved, resume_id)
@@ -336,13 +343,17 @@ def _atomic_write(path: Path, text: str) -> None:
 # ---------------------------------------------------------------------------------------- the experiment
 
 
-def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> Path:
+def run_experiment(
+    cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True
+) -> Path:
     """Every arm in order; returns outputs/<experiment>."""
     root = Path(cfg.output_dir) / cfg.experiment
     if resume and overwrite:
         raise ExperimentError("--resume and --overwrite exclude each other")
     if root.exists() and any(root.iterdir()) and not (resume or overwrite):
-        raise ExperimentError(f"{root} already exists: pass --resume to continue it or --overwrite to replace it")
+        raise ExperimentError(
+            f"{root} already exists: pass --resume to continue it or --overwrite to replace it"
+        )
     if overwrite and root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -354,8 +365,10 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bo
         if resume and _arm_finished(cfg, arm):
             say(f"[{i + 1}/{len(cfg.arms)}] {arm.name}: finished before, kept")
             continue
-        say(f"[{i + 1}/{len(cfg.arms)}] training arm {arm.name} (rule {arm.rule}, theta {arm.theta}, "
-            f"lambda {arm.relax_prob}, correction {arm.is_correction})")
+        say(
+            f"[{i + 1}/{len(cfg.arms)}] training arm {arm.name} (rule {arm.rule}, theta {arm.theta}, "
+            f"lambda {arm.relax_prob}, correction {arm.is_correction})"
+        )
         started = time.perf_counter()
         run_arm(cfg, arm, sources, data, resume, progress)
         say(f"[{i + 1}/{len(cfg.arms)}] {arm.name} done in {time.perf_counter() - started:.0f} s")

@@ -22,7 +22,8 @@ What this function does:
 - folds each run of identical consecutive prompts (at most G long) back into ONE engine group (n = G)
   run on one actor, so a group shares an actor and a random stream the way it would in the engine;
 - returns ``logprobs`` = the BEHAVIOUR log-probs (what the rollout really emitted with), plus per-token
-  ``provenance``, ``target_logprobs``, ``behavior_logprobs`` (again, for reward functions), ``logit_ratio``, ``is_top2``, ``draft_position``,
+  ``provenance``, ``target_logprobs``, ``behavior_logprobs`` (again, for reward functions),
+  ``logit_ratio``, ``is_top2``, ``draft_position``,
   ``unsupported_mass``, per-sample ``policy_version``, ``finish_reason``, ``rule``, ``theta``,
   ``relax_prob``, and ``rollout_stats`` (the pool's metrics of this batch: tokens/s, tau, ...).
 
@@ -45,18 +46,10 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..engine import SamplingParams, Trajectory
+from ..engine import SamplingParams
 from ..rollout.requests import request_seed
+from ..trajectory import PER_TOKEN_FIELDS, Trajectory
 
-PER_TOKEN_FIELDS = (
-    "provenance",
-    "target_logprobs",
-    "behavior_logprobs",
-    "logit_ratio",
-    "is_top2",
-    "draft_position",
-    "unsupported_mass",
-)
 PER_SAMPLE_FIELDS = ("policy_version", "finish_reason", "rule", "theta", "relax_prob")
 
 

@@ -62,9 +62,13 @@ class MarsGRPOConfig(GRPOConfig):
     )
     draft_refresh_every: int = field(
         default=0,
-        metadata={"help": "Refresh the EAGLE-3 head every N steps on the trainer's own features (0 = never)."},
+        metadata={
+            "help": "Refresh the EAGLE-3 head every N steps on the trainer's own features (0 = never)."
+        },
     )
-    draft_refresh_lr: float = field(default=3e-4, metadata={"help": "AdamW learning rate of draft refreshes."})
+    draft_refresh_lr: float = field(
+        default=3e-4, metadata={"help": "AdamW learning rate of draft refreshes."}
+    )
     draft_refresh_steps: int = field(default=1, metadata={"help": "Head optimizer steps per refresh."})
     draft_refresh_rows: int | None = field(
         default=8, metadata={"help": "Completions per refresh, spread over the batch (None: all)."}
@@ -78,15 +82,19 @@ class MarsGRPOConfig(GRPOConfig):
         super().__post_init__()
         _deepspeed_comm(self)
         if self.is_correction not in IS_CORRECTIONS:
-            raise ValueError(f"is_correction must be one of {list(IS_CORRECTIONS)}, got {self.is_correction!r}")
+            raise ValueError(
+                f"is_correction must be one of {list(IS_CORRECTIONS)}, got {self.is_correction!r}"
+            )
         for name in ("is_clip_min", "is_clip_max"):
             v = getattr(self, name)
             if v is not None and (math.isnan(v) or v < 0):
                 raise ValueError(f"{name} must be None or >= 0, got {v}")
-        if self.is_clip_min is not None and self.is_clip_max is not None and self.is_clip_max <= self.is_clip_min:
-            raise ValueError(
-                f"is_clip_max ({self.is_clip_max}) must be > is_clip_min ({self.is_clip_min})"
-            )
+        if (
+            self.is_clip_min is not None
+            and self.is_clip_max is not None
+            and self.is_clip_max <= self.is_clip_min
+        ):
+            raise ValueError(f"is_clip_max ({self.is_clip_max}) must be > is_clip_min ({self.is_clip_min})")
         if self.is_correction.endswith("_truncate") and self.is_clip_min is None and self.is_clip_max is None:
             raise ValueError(f"is_correction={self.is_correction!r} needs is_clip_min or is_clip_max")
         if self.draft_refresh_every < 0:
@@ -106,10 +114,13 @@ class MarsGRPOConfig(GRPOConfig):
                 "loss_type='vespo' reads per-token ratios: set is_correction to token_truncate or token_mask"
             )
         if not self.temperature > 0:
-            raise ValueError("temperature must be > 0: the correction needs the sampling distribution's log-probs")
+            raise ValueError(
+                "temperature must be > 0: the correction needs the sampling distribution's log-probs"
+            )
         if (self.top_k or 0) > 0 or (self.top_p is not None and self.top_p < 1.0):
             raise ValueError(
-                "top_k / top_p truncate the rollout distribution while the trainer's log-probs are untruncated: "
+                "top_k / top_p truncate the rollout distribution while the trainer's log-probs are "
+                "untruncated: "
                 "the correction cannot reach the filtered tokens; unset top_k and top_p"
             )
 

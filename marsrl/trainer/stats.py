@@ -21,7 +21,9 @@ def acceptance_by_position(
     passed = mask & ((prov == Provenance.ACCEPTED) | (prov == Provenance.RELAXED))
     verified = passed | (mask & (prov == Provenance.RESAMPLED))
     pos = draft_position.long().clamp(0, max_position - 1)
-    num = torch.zeros(max_position, dtype=torch.float64).index_add_(0, pos[verified], passed[verified].double())
+    num = torch.zeros(max_position, dtype=torch.float64).index_add_(
+        0, pos[verified], passed[verified].double()
+    )
     den = torch.zeros(max_position, dtype=torch.float64).index_add_(
         0, pos[verified], torch.ones_like(pos[verified], dtype=torch.float64)
     )

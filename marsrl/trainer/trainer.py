@@ -52,7 +52,6 @@ from ..rollout.weights import gather_zero3_state_dict, is_zero3, to_state_dict
 from .config import MarsGRPOConfig
 from .stats import acceptance_by_position, is_lossy
 
-
 CHECKPOINT_STATE = "marsrl_state.pt"  # the head, its optimizer, refresh and rollout counters
 CHECKPOINT_COMPLETE = "marsrl_complete.json"  # written last: a checkpoint without it was cut short
 
@@ -105,7 +104,9 @@ class MarsGRPOTrainer(GRPOTrainer):
         if pool is not None and pool_config is not None:
             raise ValueError("pass one of pool= (a RolloutPool) and pool_config= (a PoolConfig), not both")
         if args.draft_refresh_every and drafter is None:
-            raise ValueError("draft_refresh_every > 0 needs drafter= (the Eagle3Drafter the pool drafts with)")
+            raise ValueError(
+                "draft_refresh_every > 0 needs drafter= (the Eagle3Drafter the pool drafts with)"
+            )
         super().__init__(
             model=model,
             reward_funcs=reward_funcs,
@@ -120,7 +121,9 @@ class MarsGRPOTrainer(GRPOTrainer):
         self._owns_pool = False
         if self.accelerator.is_main_process:
             if pool is None and pool_config is None:
-                raise ValueError("no rollouts: pass pool= (a RolloutPool, on rank 0) or pool_config= (a PoolConfig)")
+                raise ValueError(
+                    "no rollouts: pass pool= (a RolloutPool, on rank 0) or pool_config= (a PoolConfig)"
+                )
             if pool is None:
                 from ..rollout import RolloutPool
 
@@ -129,7 +132,9 @@ class MarsGRPOTrainer(GRPOTrainer):
             self.pool = pool
             self._check_pool(pool)
         tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
-        self._pool_rollout = make_rollout_func(self.pool, tokenizer, sampling) if self.pool is not None else None
+        self._pool_rollout = (
+            make_rollout_func(self.pool, tokenizer, sampling) if self.pool is not None else None
+        )
         self._synced_version: int | None = None
         self._draft_dirty = drafter is not None  # send the head once with the first policy
         self._draft_opt = None
@@ -166,7 +171,9 @@ class MarsGRPOTrainer(GRPOTrainer):
         if is_zero3(self.model):
             state = gather_zero3_state_dict(self.model, rank0_only=True)
         else:
-            state = to_state_dict(self.accelerator.unwrap_model(self.model)) if self.pool is not None else None
+            state = (
+                to_state_dict(self.accelerator.unwrap_model(self.model)) if self.pool is not None else None
+            )
         if self.pool is not None:
             draft = self.drafter if self._draft_dirty else None
             self.pool.update_weights(state, draft=draft, version=step)
@@ -204,7 +211,7 @@ class MarsGRPOTrainer(GRPOTrainer):
         completion_ids, completion_mask = out["completion_ids"], out["completion_mask"]
         mask = completion_mask if out.get("tool_mask") is None else completion_mask * out["tool_mask"]
         mask_b = mask.bool()
-        n, width = completion_ids.shape
+        width = completion_ids.shape[1]
         behavior = out.get("sampling_per_token_logps")
         if behavior is None:
             raise ValueError("behavior_logprobs: the rollout returned no per-token log-probs (logprobs)")
@@ -216,7 +223,9 @@ class MarsGRPOTrainer(GRPOTrainer):
         # the no-grad policy forward (TRL skips it with use_vllm=False), hidden states and taps on the side
         ids = torch.cat([out["prompt_ids"], completion_ids], dim=1)
         attn = torch.cat([out["prompt_mask"], completion_mask], dim=1)
-        bs = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        bs = (
+            self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        )
         forward_start = time.perf_counter()
         with torch.no_grad(), self._capture(keep_full=refresh) as cap:
             old, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attn, width, batch_size=bs)
@@ -226,8 +235,12 @@ class MarsGRPOTrainer(GRPOTrainer):
         stats = self._token_stats(torch.cat(cap["h"]), completion_ids, mask_b)
 
         weights, is_metrics = importance_weights(
-            old, behavior, mask_b, mode=self.args.is_correction,
-            clip_min=self.args.is_clip_min, clip_max=self.args.is_clip_max,
+            old,
+            behavior,
+            mask_b,
+            mode=self.args.is_correction,
+            clip_min=self.args.is_clip_min,
+            clip_max=self.args.is_clip_max,
         )
         if self.loss_type == "vespo":  # VESPO reads the ratio itself; TRL leaves 1 at masked positions
             out["importance_sampling_ratio"] = torch.where(mask_b, weights, torch.ones_like(weights))
@@ -346,16 +359,24 @@ class MarsGRPOTrainer(GRPOTrainer):
             tensors = {k: acc.gather(acc.pad_across_processes(v, dim=1)) for k, v in tensors.items()}
         t = {k: v.cpu() for k, v in tensors.items()}
         _, bias = bias_metrics(
-            t["policy_logp"], t["behavior_logp"], t["is_t1"], t["is_t2"], t["p_t1"], t["p_t2"],
-            t["provenance"], t["mask"], unsupported_mass=t["unsupported_mass"],
+            t["policy_logp"],
+            t["behavior_logp"],
+            t["is_t1"],
+            t["is_t2"],
+            t["p_t1"],
+            t["p_t2"],
+            t["provenance"],
+            t["mask"],
+            unsupported_mass=t["unsupported_mass"],
         )
         out = {f"bias/{k}": float(v) for k, v in bias.items() if k != "tokens"}
         unsupported = out.get("bias/unsupported_mass", 0.0)
         if unsupported > 0 and self.args.is_correction != "none" and not self._warned_unsupported:
             self._warned_unsupported = True
             warnings.warn(
-                f"the rollouts put {unsupported:.3g} of the policy's mass per token where the behaviour cannot "
-                f"emit (relax_prob={self._batch_info.get('relax_prob')}): importance correction cannot restore "
+                f"the rollouts put {unsupported:.3g} of the policy's mass per token where the behaviour "
+                f"cannot emit (relax_prob={self._batch_info.get('relax_prob')}): importance correction "
+                "cannot restore "
                 "it; use relax_prob < 1 or sampled drafts for an exactly correctable run",
                 stacklevel=2,
             )
@@ -384,7 +405,9 @@ class MarsGRPOTrainer(GRPOTrainer):
         ids, attn, completion_mask = ids[pick], attn[pick], completion_mask[pick]
         head = self.accelerator.unwrap_model(self.model).get_output_embeddings()
         with torch.no_grad():
-            logits = F.linear(hidden.float(), head.weight.float(), None if head.bias is None else head.bias.float())
+            logits = F.linear(
+                hidden.float(), head.weight.float(), None if head.bias is None else head.bias.float()
+            )
         width = completion_mask.shape[1]
         loss_mask = torch.zeros_like(attn, dtype=torch.bool)
         loss_mask[:, -width - 1 : -1] = completion_mask.bool()  # positions that predict a completion token
@@ -395,8 +418,14 @@ class MarsGRPOTrainer(GRPOTrainer):
         dev = next(self.drafter.parameters()).device
         with torch.enable_grad():
             m = refresh_draft(
-                self.drafter, self._draft_opt, features.to(dev), ids.to(dev), logits.to(dev),
-                loss_mask.to(dev), self.args.draft_refresh_steps, attention_mask=attn.to(dev),
+                self.drafter,
+                self._draft_opt,
+                features.to(dev),
+                ids.to(dev),
+                logits.to(dev),
+                loss_mask.to(dev),
+                self.args.draft_refresh_steps,
+                attention_mask=attn.to(dev),
             )
         self.draft_refreshes += 1
         self._draft_dirty = True
@@ -425,7 +454,9 @@ class MarsGRPOTrainer(GRPOTrainer):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         path = Path(resume_from_checkpoint) / CHECKPOINT_STATE
         if not path.is_file():
-            raise ValueError(f"{resume_from_checkpoint}: no {CHECKPOINT_STATE} (not a MarsGRPOTrainer checkpoint)")
+            raise ValueError(
+                f"{resume_from_checkpoint}: no {CHECKPOINT_STATE} (not a MarsGRPOTrainer checkpoint)"
+            )
         state = torch.load(path, weights_only=False)
         if self.drafter is not None and state["draft"] is not None:
             self.drafter.load_state_dict(state["draft"])
@@ -433,7 +464,9 @@ class MarsGRPOTrainer(GRPOTrainer):
         if state["draft_optimizer"] is not None and self.drafter is not None:
             from ..drafter.train import trainable_parameters
 
-            self._draft_opt = torch.optim.AdamW(trainable_parameters(self.drafter), lr=self.args.draft_refresh_lr)
+            self._draft_opt = torch.optim.AdamW(
+                trainable_parameters(self.drafter), lr=self.args.draft_refresh_lr
+            )
             self._draft_opt.load_state_dict(state["draft_optimizer"])
         self.draft_refreshes = state["draft_refreshes"]
         if self._pool_rollout is not None and state["rollout_calls"] is not None:
@@ -476,6 +509,4 @@ def _pad_rows(rows: list[dict], key: str, width: int, fill, dtype) -> torch.Tens
 
 def _slice_output(payload: dict, start: int, length: int) -> dict:
     """This rank's entries of a rollout_func output computed for every rank's prompts."""
-    return {
-        k: (v[start : start + length] if isinstance(v, list) else v) for k, v in payload.items()
-    }
+    return {k: (v[start : start + length] if isinstance(v, list) else v) for k, v in payload.items()}

@@ -22,8 +22,12 @@ TIMING = ("wall_s", "_runtime", "_timestamp")  # wall-clock keys differ between 
 
 
 def _is_timing(key: str) -> bool:
-    return key in TIMING or "seconds" in key or "tokens_per_s" in key or "share_of_step" in key or key.endswith(
-        ("step_time", "_per_second", "runtime")
+    return (
+        key in TIMING
+        or "seconds" in key
+        or "tokens_per_s" in key
+        or "share_of_step" in key
+        or key.endswith(("step_time", "_per_second", "runtime"))
     )
 
 
@@ -34,8 +38,18 @@ def _rows(path: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory):
     out = tmp_path_factory.mktemp("outputs")
-    code = main(["train", "--config", CONFIG, "--set", f"output_dir={out}", "--set", "wandb.mode=offline",
-                 "--no-progress"])
+    code = main(
+        [
+            "train",
+            "--config",
+            CONFIG,
+            "--set",
+            f"output_dir={out}",
+            "--set",
+            "wandb.mode=offline",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     return out / "grpo_micro"
 
@@ -48,8 +62,15 @@ def test_every_arm_writes_its_folder(experiment):
         folder = experiment / arm
         rows = _rows(folder / "metrics.jsonl")
         assert [r["step"] for r in rows] == [1, 2, 3, 4]
-        for key in ("train/reward", "train/loss", "train/bias/top2_excess", "train/rollout/tau",
-                    "train/bias/unsupported_mass", "train/draft/refreshes", "train/policy/version"):
+        for key in (
+            "train/reward",
+            "train/loss",
+            "train/bias/top2_excess",
+            "train/rollout/tau",
+            "train/bias/unsupported_mass",
+            "train/draft/refreshes",
+            "train/policy/version",
+        ):
             assert all(key in r for r in rows), (arm, key)
         evals = json.loads((folder / "eval.json").read_text())
         for when in ("before", "after"):
@@ -73,10 +94,14 @@ def test_bias_figures_per_arm(experiment):
     for arm in ("mars", "mars_l0.9"):
         rows = _rows(experiment / arm / "metrics.jsonl")
         assert sum(r["train/rollout/relaxed_frac"] for r in rows) > 0, arm
-        relaxed = [r["train/bias/is_ratio_mean_relaxed"] for r in rows if r.get("train/bias/is_ratio_mean_relaxed")]
+        relaxed = [
+            r["train/bias/is_ratio_mean_relaxed"] for r in rows if r.get("train/bias/is_ratio_mean_relaxed")
+        ]
         assert relaxed and sum(relaxed) / len(relaxed) < 1, arm
     assert all(r["train/bias/unsupported_mass"] > 0 for r in _rows(experiment / "mars" / "metrics.jsonl"))
-    assert all(r["train/bias/unsupported_mass"] == 0 for r in _rows(experiment / "mars_l0.9" / "metrics.jsonl"))
+    assert all(
+        r["train/bias/unsupported_mass"] == 0 for r in _rows(experiment / "mars_l0.9" / "metrics.jsonl")
+    )
 
 
 def test_wandb_runs_match_the_metrics_files(experiment):
@@ -132,14 +157,30 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path):
     """SIGKILL after step 2 (a checkpoint at step 2), resume: rows of steps 3-4 equal an uninterrupted run's
     (every key but wall-clock ones, to 1e-6 relative: CPU, deterministic)."""
     arm = "arms=[{name: mars_l0.9, rule: mars, relax_prob: 0.9}]"
-    common = [sys.executable, "-m", "marsrl", "train", "--config", CONFIG, "--set", arm,
-              "--set", "wandb.mode=disabled", "--no-progress", "--no-report"]
+    common = [
+        sys.executable,
+        "-m",
+        "marsrl",
+        "train",
+        "--config",
+        CONFIG,
+        "--set",
+        arm,
+        "--set",
+        "wandb.mode=disabled",
+        "--no-progress",
+        "--no-report",
+    ]
     env = dict(os.environ, MARSRL_KILL_AFTER_STEP="2")
-    full = subprocess.run(common + ["--set", f"output_dir={tmp_path / 'a'}"], capture_output=True, text=True)
+    full = subprocess.run([*common, "--set", f"output_dir={tmp_path / 'a'}"], capture_output=True, text=True)
     assert full.returncode == 0, full.stderr[-2000:]
-    killed = subprocess.run(common + ["--set", f"output_dir={tmp_path / 'b'}"], env=env, capture_output=True, text=True)
+    killed = subprocess.run(
+        [*common, "--set", f"output_dir={tmp_path / 'b'}"], env=env, capture_output=True, text=True
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
-    resumed = subprocess.run(common + ["--set", f"output_dir={tmp_path / 'b'}", "--resume"], capture_output=True, text=True)
+    resumed = subprocess.run(
+        [*common, "--set", f"output_dir={tmp_path / 'b'}", "--resume"], capture_output=True, text=True
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     a = _rows(tmp_path / "a" / "grpo_micro" / "mars_l0.9" / "metrics.jsonl")
     b = _rows(tmp_path / "b" / "grpo_micro" / "mars_l0.9" / "metrics.jsonl")

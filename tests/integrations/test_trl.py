@@ -115,12 +115,11 @@ def test_sampling_defaults_come_from_the_trainer():
 def test_grpo_trainer_trains_two_steps_with_the_pool(tmp_path):
     from transformers import AutoTokenizer
 
-    from marsrl.trainer import MarsGRPOConfig, MarsGRPOTrainer
-
     from marsrl.data import generate_problems
     from marsrl.engine import EngineConfig
     from marsrl.rollout import PoolConfig, RolloutPool, WorkerConfig
     from marsrl.tinyworld import build_tinyworld
+    from marsrl.trainer import MarsGRPOConfig, MarsGRPOTrainer
 
     world = build_tinyworld("micro", progress=False)  # the tiny world's target, tokenizer and EAGLE-3 head
     folder = str(world / "target")
@@ -157,7 +156,12 @@ def test_grpo_trainer_trains_two_steps_with_the_pool(tmp_path):
     questions = [p["question"] for p in generate_problems(16, seed=1, difficulty="easy")]
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in questions]})
     trainer = MarsGRPOTrainer(
-        model=folder, reward_funcs=[reward], args=args, train_dataset=dataset, processing_class=tokenizer, pool=pool
+        model=folder,
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        pool=pool,
     )
     start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     try:

@@ -9,7 +9,8 @@ is computed by enumeration; N speculative rollouts estimate it with the recorded
     token weights      ĝ = mean_i  A(y_i) sum_t w_it grad log pi(y_it | y_i<t)   (w clipped as in TRL)
     uncorrected        the same with w = 1.
 
-Gradients are projected on D random parameter directions (central differences in float64), so each estimate is a
+Gradients are projected on D random parameter directions (central differences in float64), so each
+estimate is a
 D-vector with a per-coordinate Monte Carlo standard error. Used by tests/trainer/test_claim.py and
 bench/claim.py."""
 
@@ -32,7 +33,9 @@ VOCAB, LENGTH, PROMPT = 8, 3, [1, 5, 2]
 
 def problem(seed: int = 0, directions: int = 4):
     """(policy, head, all completions [512, 3], pi [512], A [512], J [512, 3, D]: per-token JVPs)."""
-    policy = tiny_causal_lm(vocab=VOCAB, hidden=32, layers=3, heads=4, kv_heads=2, seed=seed, lm_head_scale=4.0)
+    policy = tiny_causal_lm(
+        vocab=VOCAB, hidden=32, layers=3, heads=4, kv_heads=2, seed=seed, lm_head_scale=4.0
+    )
     torch.manual_seed(seed + 1)
     head = Eagle3Drafter.from_target(policy)
     ys = torch.tensor(list(itertools.product(range(VOCAB), repeat=LENGTH)))  # [512, 3]
@@ -42,8 +45,10 @@ def problem(seed: int = 0, directions: int = 4):
     shadow = copy.deepcopy(policy).double()
     params = dict(shadow.named_parameters())
     gen = torch.Generator().manual_seed(seed + 2)
-    tangents = [{k: torch.randn(v.shape, generator=gen).double() for k, v in params.items()}
-                for _ in range(directions)]
+    tangents = [
+        {k: torch.randn(v.shape, generator=gen).double() for k, v in params.items()}
+        for _ in range(directions)
+    ]
 
     @torch.no_grad()
     def token_logp(shift=None, eps=0.0):
@@ -74,7 +79,9 @@ def rollouts(policy, head, n: int, seed: int, head_scale: float = 1.0, **engine)
             head.lm_head.weight.mul_(head_scale)
     cfg = EngineConfig(max_batch_size=n, **engine)
     eng = SpeculativeEngine(policy, head, cfg)
-    trajs = eng.generate([PROMPT], SamplingParams(temperature=1.0, max_new_tokens=LENGTH, ignore_eos=True, n=n, seed=seed))
+    trajs = eng.generate(
+        [PROMPT], SamplingParams(temperature=1.0, max_new_tokens=LENGTH, ignore_eos=True, n=n, seed=seed)
+    )
     return trajs, eng.stats
 
 

@@ -42,7 +42,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     a = parser.parse_args()
     rank = int(os.environ["RANK"])
-    ds = json.load(open(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "deepspeed", f"zero{a.stage}.json")))
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "configs", "deepspeed", f"zero{a.stage}.json")) as f:
+        ds = json.load(f)
     args = MarsGRPOConfig(
         output_dir=a.out + ".trainer",
         use_cpu=True,

@@ -9,7 +9,6 @@ printed (run with -s) and reported in the README."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from marsrl.engine import TreeConfig
 from tests.trainer.claim import estimates, problem, rollouts, z_scores
@@ -48,7 +47,9 @@ def test_sequence_weights_recover_the_strict_gradient(world, case):
         f"{z_scores(est, 'token_mask').numpy().round(2)}"
     )
     assert z_seq.abs().max() < 4, f"{case}: the corrected estimate misses g*: z = {z_seq.tolist()}"
-    assert z_raw.abs().max() > 6, f"{case}: the uncorrected estimate is not detectably biased: {z_raw.tolist()}"
+    assert z_raw.abs().max() > 6, (
+        f"{case}: the uncorrected estimate is not detectably biased: {z_raw.tolist()}"
+    )
 
 
 def test_greedy_lambda_one_is_exact_on_its_support(world):
@@ -61,4 +62,7 @@ def test_greedy_lambda_one_is_exact_on_its_support(world):
     assert est["pi_unseen"] > 0.01  # completions the procedure never emits although pi gives them mass
     z_seen = z_scores(est, "sequence", against="g_star_seen")
     assert z_seen.abs().max() < 4, z_seen.tolist()
-    print(f"\ngreedy lambda 1: unsupported {est['unsupported_mass']:.3f}, pi never emitted {est['pi_unseen']:.3f}")
+    print(
+        f"\ngreedy lambda 1: unsupported {est['unsupported_mass']:.3f}, "
+        f"pi never emitted {est['pi_unseen']:.3f}"
+    )

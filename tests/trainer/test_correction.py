@@ -17,7 +17,13 @@ from trl import GRPOTrainer
 
 from marsrl.integrations.trl import make_rollout_func
 from marsrl.trainer import MarsGRPOConfig, MarsGRPOTrainer
-from tests.trainer.helpers import grads_of_one_step, length_reward, local_pool, prompt_dataset, save_tiny_world
+from tests.trainer.helpers import (
+    grads_of_one_step,
+    length_reward,
+    local_pool,
+    prompt_dataset,
+    save_tiny_world,
+)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +77,11 @@ def _trl_vllm_path(folder, args):
     tok = AutoTokenizer.from_pretrained(folder)
     pool = local_pool(folder)
     trainer = GRPOTrainer(
-        folder, [length_reward], args=args, train_dataset=prompt_dataset(), processing_class=tok,
+        folder,
+        [length_reward],
+        args=args,
+        train_dataset=prompt_dataset(),
+        processing_class=tok,
         rollout_func=make_rollout_func(pool, tok),
     )
     trainer.use_vllm = True
@@ -88,7 +98,11 @@ CASES += [("token_truncate", lt) for lt in ("grpo", "dr_grpo", "bnpo", "vespo")]
 def test_weights_and_gradients_equal_trls_vllm_path(folder, tmp_path, mode, loss_type):
     tok = AutoTokenizer.from_pretrained(folder)
     ours = MarsGRPOTrainer(
-        folder, [length_reward], _args(tmp_path / "a", mode, loss_type), prompt_dataset(), tok,
+        folder,
+        [length_reward],
+        _args(tmp_path / "a", mode, loss_type),
+        prompt_dataset(),
+        tok,
         pool=local_pool(folder),
     )
     ref = _trl_vllm_path(folder, _args(tmp_path / "b", mode, loss_type))
@@ -126,13 +140,19 @@ def test_uncorrected_gradient_differs(folder, tmp_path):
 
 def _aligned(b: dict, a: dict) -> dict:
     """b's rows reordered to a's (rows matched by prompt and completion ids)."""
+
     def keys(x):
-        return [tuple(p) + (-1,) + tuple(c) for p, c in zip(x["prompt_ids"].tolist(), x["completion_ids"].tolist())]
+        return [
+            (*p, -1, *c) for p, c in zip(x["prompt_ids"].tolist(), x["completion_ids"].tolist(), strict=True)
+        ]
 
     where = {k: i for i, k in enumerate(keys(b))}
     order = torch.tensor([where[k] for k in keys(a)])
     assert sorted(order.tolist()) == list(range(len(order))), "the two trainers saw different rollouts"
-    return {k: (v[order] if torch.is_tensor(v) and v.dim() > 0 and len(v) == len(order) else v) for k, v in b.items()}
+    return {
+        k: (v[order] if torch.is_tensor(v) and v.dim() > 0 and len(v) == len(order) else v)
+        for k, v in b.items()
+    }
 
 
 def _none_args(tmp):

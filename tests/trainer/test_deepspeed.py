@@ -36,8 +36,17 @@ def _run(folder, out: Path, stage: int, ranks: int) -> list[dict]:
     else:
         for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"):
             env.pop(key, None)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-               "--master_addr", "127.0.0.1", "--master_port", _port()]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(ranks),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            _port(),
+        ]
     cmd += [str(RUNNER), str(folder), str(out), "--stage", str(stage), "--per-device", str(8 // ranks)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -60,6 +69,8 @@ def test_one_and_two_ranks_agree(folder, tmp_path, stage):
     # every rank trained on its own slice, and together they saw the one-rank batch of each step
     for step in range(2):
         a, b = two[0]["received"][step], two[1]["received"][step]
-        assert len(a) == len(b) == 4 and Counter(map(tuple, a + b)) == Counter(map(tuple, one["received"][step]))
+        assert len(a) == len(b) == 4 and Counter(map(tuple, a + b)) == Counter(
+            map(tuple, one["received"][step])
+        )
     assert two[0]["losses"] == two[1]["losses"]  # ranks log the same (reduced) loss
     assert abs(two[0]["losses"][0] - one["losses"][0]) <= 1e-6
