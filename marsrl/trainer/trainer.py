@@ -247,10 +247,11 @@ class MarsGRPOTrainer(GRPOTrainer):
         else:
             out["advantages"] = out["advantages"].unsqueeze(1) * weights
 
+        lengths = completion_mask.sum(1).tolist()
         record = {
-            "provenance": _pad_rows(rows, "provenance", width, 0, torch.int8),
-            "draft_position": _pad_rows(rows, "draft_position", width, -1, torch.long),
-            "unsupported_mass": _pad_rows(rows, "unsupported_mass", width, 0.0, torch.float32),
+            "provenance": _pad_rows(rows, "provenance", lengths, width, 0, torch.int8),
+            "draft_position": _pad_rows(rows, "draft_position", lengths, width, -1, torch.long),
+            "unsupported_mass": _pad_rows(rows, "unsupported_mass", lengths, width, 0.0, torch.float32),
         }
         metrics = self._batch_metrics(mode, old, behavior, stats, record, mask_b, rows)
         for key, value in is_metrics.items():
@@ -293,11 +294,10 @@ class MarsGRPOTrainer(GRPOTrainer):
 
     @contextlib.contextmanager
     def _capture(self, keep_full: bool):
-        """During the no-grad forward: the final norm's output of each chunk (its completion positions, or
-        all of them with ``keep_full``) and, with ``keep_full``, the head's three feature layers."""
+        """During the no-grad forward: the final norm's output of each chunk and, with ``keep_full`` (a
+        draft refresh is due), the head's three feature layers."""
         model = self.accelerator.unwrap_model(self.model)
-        cap: dict[str, list] = {"h": [], "h_full": [], "features": []}
-        width = [None]
+        cap: dict[str, list] = {"h": [], "features": []}
         tap = None
         if keep_full and self.accelerator.is_main_process:
             from ..drafter import FeatureTap
@@ -317,7 +317,6 @@ class MarsGRPOTrainer(GRPOTrainer):
             handle.remove()
             if tap is not None:
                 tap.remove()
-            del width
 
     def _token_stats(self, hidden: torch.Tensor, completion_ids: torch.Tensor, mask: torch.Tensor) -> dict:
         """The policy's log-prob, top-1 and top-2 at each completion position, from the captured hidden
@@ -494,14 +493,19 @@ class MarsGRPOTrainer(GRPOTrainer):
             self.pool = None
 
 
-def _pad_rows(rows: list[dict], key: str, width: int, fill, dtype) -> torch.Tensor:
-    """[N, width] tensor of a per-token extra field (right-padded with ``fill``)."""
+def _pad_rows(rows: list[dict], key: str, lengths: list[int], width: int, fill, dtype) -> torch.Tensor:
+    """[N, width] tensor of a per-token extra field (right-padded with ``fill``); each row's list must
+    have one entry per completion token."""
     out = torch.full((len(rows), width), fill, dtype=dtype)
     for i, row in enumerate(rows):
         values = row.get(key)
         if values is None:
             raise ValueError(f"{key}: the rollout of completion {i} carries no per-token {key}")
-        values = values[:width]
+        if len(values) != int(lengths[i]):
+            raise ValueError(
+                f"{key} of completion {i} has {len(values)} entries but the completion has "
+                f"{int(lengths[i])} tokens"
+            )
         if len(values):
             out[i, : len(values)] = torch.tensor(values, dtype=dtype)
     return out

@@ -13,13 +13,15 @@ from marsrl.rollout.local import outside_zero3
 from tests.rollout.helpers import save_tiny_world, sentences, tiny_head
 
 
-def local_pool(folder: str, rule: str = "mars", theta: float = 0.0, **engine) -> LocalPool:
+def local_pool(
+    folder: str, rule: str = "mars", theta: float = 0.0, draft_sampling="sample", **engine
+) -> LocalPool:
     """A LocalPool on the policy saved in ``folder`` with a random head (sampled drafts: q has full
     support, so relaxation moves b away from pi and the weights are far from 1)."""
     with outside_zero3():  # a ZeRO-3 trainer config in this process must not partition the rollout models
         target = AutoModelForCausalLM.from_pretrained(folder).eval()
         head = tiny_head(target)
-    cfg = EngineConfig(rule=rule, theta=theta, num_draft_tokens=3, draft_sampling="sample", **engine)
+    cfg = EngineConfig(rule=rule, theta=theta, num_draft_tokens=3, draft_sampling=draft_sampling, **engine)
     return LocalPool(WorkerConfig(engine=cfg), target=target, drafter=head)
 
 
