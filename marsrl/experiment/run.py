@@ -14,6 +14,7 @@ and logs to wandb (``group`` = the experiment, ``job_type`` = the arm, ``name`` 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -301,12 +302,14 @@ def run_arm(
     run = start_wandb(cfg, arm, out, resolved, resume_id)
     train_ds, heldout = data
     torch.manual_seed(cfg.seed)
-    tokenizer = AutoTokenizer.from_pretrained(sources.model)
     args = trainer_args(cfg, arm, out, run is not None)  # first: a ZeRO-3 config makes the load partitioned
-    model = AutoModelForCausalLM.from_pretrained(sources.model, dtype=torch.bfloat16 if args.bf16 else None)
+    with _loading("model", sources.model):
+        tokenizer = AutoTokenizer.from_pretrained(sources.model)
+        model = AutoModelForCausalLM.from_pretrained(sources.model, dtype=torch.bfloat16 if args.bf16 else None)
     drafter = None
     if args.draft_refresh_every and sources.drafter:
-        drafter = Eagle3Drafter.from_pretrained(sources.drafter, target=model)
+        with _loading("drafter", sources.drafter):
+            drafter = Eagle3Drafter.from_pretrained(sources.drafter, target=model)
     eval_path = out / "eval.json"
     evals = json.loads(eval_path.read_text()) if resume and eval_path.is_file() else {}
     if "before" not in evals:
@@ -332,6 +335,17 @@ def run_arm(
         if run is not None:
             run.finish()
     return evals
+
+
+@contextlib.contextmanager
+def _loading(what: str, source: str):
+    """A model that cannot be loaded (a hub id offline, a wrong folder) is one ExperimentError line."""
+    try:
+        yield
+    except OSError as err:
+        hint = "" if Path(source).exists() else " (a hub id needs network access; pass a local folder offline)"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ExperimentError(f"{what} {source!r} could not be loaded{hint}: {first}") from err
 
 
 def _atomic_write(path: Path, text: str) -> None:
