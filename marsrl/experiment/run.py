@@ -305,7 +305,8 @@ def run_arm(
     args = trainer_args(cfg, arm, out, run is not None)  # first: a ZeRO-3 config makes the load partitioned
     with _loading("model", sources.model):
         tokenizer = AutoTokenizer.from_pretrained(sources.model)
-        model = AutoModelForCausalLM.from_pretrained(sources.model, dtype=torch.bfloat16 if args.bf16 else None)
+        dtype = torch.bfloat16 if args.bf16 else None
+        model = AutoModelForCausalLM.from_pretrained(sources.model, dtype=dtype)
     drafter = None
     if args.draft_refresh_every and sources.drafter:
         with _loading("drafter", sources.drafter):
@@ -343,7 +344,7 @@ def _loading(what: str, source: str):
     try:
         yield
     except OSError as err:
-        hint = "" if Path(source).exists() else " (a hub id needs network access; pass a local folder offline)"
+        hint = "" if Path(source).exists() else " (a hub id needs network access; offline, pass a folder)"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ExperimentError(f"{what} {source!r} could not be loaded{hint}: {first}") from err
 
