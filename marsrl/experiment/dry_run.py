@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
-from .config import TINYWORLD, ArmConfig, ExperimentConfig, dump_experiment
-from .run import ExperimentError, Sources, arm_dir, load_data, pool_config, trainer_args
+from .config import ArmConfig, ExperimentConfig, dump_experiment
+from .run import ExperimentError, Sources, arm_dir, load_data, pool_config, resolve_sources, trainer_args
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"  # GSM8K's test split, when present
@@ -105,25 +105,13 @@ def plan_sources(cfg: ExperimentConfig) -> tuple[Sources, list[str]]:
     """``run.resolve_sources`` without building a tiny world: the folders it would return, and notes."""
     from ..tinyworld import PRESETS, world_dir
 
-    world, out, notes = None, {}, []
-    for key in ("model", "drafter"):
-        value = getattr(cfg, key)
-        if value is not None and value.startswith(TINYWORLD):
-            preset = value[len(TINYWORLD) :]
-            if preset not in PRESETS:
-                raise ExperimentError(
-                    f"{key}: unknown tiny-world preset {preset!r} (one of {sorted(PRESETS)})"
-                )
-            if world not in (None, preset):
-                raise ExperimentError("model and drafter name different tiny worlds")
-            world = preset
-            value = str(world_dir(PRESETS[preset]) / ("target" if key == "model" else "draft"))
-        out[key] = value
+    sources = resolve_sources(cfg, build=False)
+    world, notes = sources.world, []
     if world is not None:
         folder = world_dir(PRESETS[world])
         state = "built, reused" if _world_built(world) else "NOT built yet: `marsrl train` builds it first"
         notes.append(f"tiny world {world!r}: {folder} ({state})")
-    return Sources(model=out["model"], drafter=out["drafter"], world=world), notes
+    return sources, notes
 
 
 def _trainer(cfg: ExperimentConfig, arm: ArmConfig):

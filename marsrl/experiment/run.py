@@ -41,14 +41,15 @@ class Sources:
 # ---------------------------------------------------------------------------------------- sources and data
 
 
-def resolve_sources(cfg: ExperimentConfig, progress: bool = True) -> Sources:
-    """Folders or hub ids of the model and drafter; ``tinyworld:<preset>`` builds (or reuses) the world."""
+def resolve_sources(cfg: ExperimentConfig, progress: bool = True, build: bool = True) -> Sources:
+    """Folders or hub ids of the model and drafter; ``tinyworld:<preset>`` builds (or reuses) the world,
+    or with ``build=False`` only names the folders a build would fill (the dry run)."""
     world = None
     out = {}
     for key in ("model", "drafter"):
         value = getattr(cfg, key)
         if value is not None and value.startswith(TINYWORLD):
-            from ..tinyworld import PRESETS, build_tinyworld
+            from ..tinyworld import PRESETS, build_tinyworld, world_dir
 
             preset = value[len(TINYWORLD) :]
             if preset not in PRESETS:
@@ -58,7 +59,7 @@ def resolve_sources(cfg: ExperimentConfig, progress: bool = True) -> Sources:
             if world not in (None, preset):
                 raise ExperimentError("model and drafter name different tiny worlds")
             world = preset
-            folder = build_tinyworld(preset, progress=progress)
+            folder = build_tinyworld(preset, progress=progress) if build else world_dir(PRESETS[preset])
             value = str(folder / ("target" if key == "model" else "draft"))
         out[key] = value
     return Sources(model=out["model"], drafter=out["drafter"], world=world)
