@@ -17,7 +17,7 @@ import torch
 
 from ..algo import bias_metrics
 from ..verify import DEFAULT_THETA, RULES, Provenance, verify_chain
-from .table import side_by_side
+from .table import BIAS_ROWS, side_by_side
 
 
 @dataclass(frozen=True)
@@ -140,13 +140,7 @@ def format_table(report: dict) -> str:
     """A side-by-side text table of ``run_demo``'s figures."""
     rows = [
         ("tau (tokens / round)", "tau", "{:.3f}"),
-        ("relaxed fraction", "relaxed_frac", "{:.3%}"),
-        ("top-1 rate", "top1_rate", "{:.3%}"),
-        ("top-1 rate, exact sampling", "top1_rate_expected", "{:.3%}"),
-        ("top-2 rate", "top2_rate", "{:.3%}"),
-        ("top-2 rate, exact sampling", "top2_rate_expected", "{:.3%}"),
-        ("top-2 excess (bias)", "top2_excess", "{:+.3%}"),
-        ("IS ratio p/b mean", "is_ratio_mean", "{:.4f}"),
+        *BIAS_ROWS,
         ("IS ratio p/b min", "is_ratio_min", "{:.4f}"),
         ("ESS / n", "is_ratio_ess_frac", "{:.4f}"),
         ("IS ratio p/b mean, relaxed tokens", "is_ratio_mean_relaxed", "{:.4f}"),

@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+BIAS_ROWS = [
+    ("relaxed fraction", "relaxed_frac", "{:.3%}"),
+    ("top-1 rate", "top1_rate", "{:.3%}"),
+    ("top-1 rate, exact sampling", "top1_rate_expected", "{:.3%}"),
+    ("top-2 rate", "top2_rate", "{:.3%}"),
+    ("top-2 rate, exact sampling", "top2_rate_expected", "{:.3%}"),
+    ("top-2 excess (bias)", "top2_excess", "{:+.3%}"),
+    ("IS ratio p/b mean", "is_ratio_mean", "{:.4f}"),
+]
+"""The rows of the bias family (``marsrl.algo.bias_metrics``) that every command's table shows."""
+
 
 def side_by_side(columns: dict[str, dict], rows: list[tuple[str, str, str]]) -> str:
     """A text table: one column per name of ``columns`` (each a dict of figures), one line per
