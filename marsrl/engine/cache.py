@@ -1,30 +1,128 @@
-"""A ragged view over a transformers ``DynamicCache``: every row shares the cache's time axis, but row b
-owns only the slots ``[starts[b], starts[b] + lengths[b])``; every other slot (prompt padding on the left,
-rejected drafts on the right) is masked out of attention and overwritten by the next commit.
+"""A ragged KV cache in preallocated buffers: every row shares one time axis, but row b owns only the
+slots ``[starts[b], starts[b] + lengths[b])``; every other slot (prompt padding on the left, rejected
+drafts on the right) is masked out of attention and overwritten by the next write.
 
-Each speculative round appends a block of T entries for every row, then ``commit`` moves the entries
-each row keeps (e.g. the accepted prefix of a chain, or the accepted path of a tree) to the end of that
-row's valid region and crops the shared axis.  Cost per commit: one gather/scatter of T entries per
-layer, no copy of the whole cache, and nothing at all when every row keeps its entries in place (plain
-decoding of left-padded prompts).
+Layout per layer: ``keys`` / ``values`` [B, Hkv, C, hd] with capacity C >= width; slots ``[0, width)``
+are live.  A forward appends its block of T entries in place at ``[width, width + T)`` (no copy of what
+is already cached) and attention reads the view ``[:, :, :width + T]``.  ``commit`` then moves the
+entries each row keeps (the accepted prefix of a chain, the accepted path of a tree) to the end of that
+row's valid region and shrinks ``width``: one gather/scatter of T entries per layer, and nothing at all
+when every row keeps its entries in place.  ``select`` (rows leave the batch) copies the live rows once
+into a buffer of the smaller batch, dropping the slots before the earliest row start, so padding and
+the spread between rows stop costing memory and attention.
+
+Host-side mirrors: ``width`` and the per-row ends (``starts + lengths``) are kept on the host as well, so
+no method here reads a device tensor back (on a GPU that would be a sync per call).
+
+``bytes_copied`` counts every byte written into the buffers: appends (T entries a forward, flat in the
+committed length), commit moves, compaction on ``select`` and growth when a buffer must be enlarged
+(capacity is preallocated from the caller's hint, so growth happens only when the hint was short).
+
+Deliberately left out: paging, sliding windows, CUDA graphs.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class _RaggedLayer(CacheLayerMixin):
+    """One layer's preallocated K/V; ``owner`` holds the capacity hint and the byte counter."""
+
+    is_compileable = False
+    is_croppable = True
+    is_sliding = False
+
+    def __init__(self, owner: RaggedCache):
+        super().__init__()
+        self.owner = owner
+        self.width = 0  # live slots [0, width)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        bsz, heads, _, hd = key_states.shape
+        cap = max(self.owner.capacity, key_states.shape[2])
+        self.device = key_states.device
+        self.keys = key_states.new_empty(bsz, heads, cap, hd)
+        self.values = value_states.new_empty(bsz, value_states.shape[1], cap, value_states.shape[3])
+        self.is_initialized = True
+
+    def _grow(self, need: int) -> None:
+        cap = max(need, 2 * self.keys.shape[2])
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_empty(old.shape[0], old.shape[1], cap, old.shape[3])
+            new[:, :, : self.width] = old[:, :, : self.width]
+            self.owner._count(new[:, :, : self.width])
+            setattr(self, name, new)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        """Append [B, Hkv, T, hd] in place; returns views of slots [0, width + T)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        t = key_states.shape[2]
+        end = self.width + t
+        if end > self.keys.shape[2]:
+            self._grow(end)
+        self.keys[:, :, self.width : end] = key_states
+        self.values[:, :, self.width : end] = value_states
+        self.owner._count(key_states, value_states)
+        self.width = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.width + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.width
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def crop(self, tokens_to_remove: int) -> None:  # transformers' convention: a negative count
+        self.width = max(0, self.width + tokens_to_remove) if tokens_to_remove < 0 else tokens_to_remove
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("rows leave a RaggedCache through RaggedCache.select")
+
+
+class _Layers(Cache):
+    """The transformers-facing side: a ``Cache`` whose layers are made on first write."""
+
+    def __init__(self, owner: RaggedCache):
+        super().__init__(layer_class_to_replicate=lambda: _RaggedLayer(owner))
 
 
 class RaggedCache:
-    def __init__(self, batch: int, device: torch.device):
-        self.cache = DynamicCache()
+    def __init__(self, batch: int, device: torch.device, capacity: int = 0):
+        """capacity: slots to preallocate per row (prompt width + the most the completion and one
+        round's block can add); buffers double if a write would pass it."""
+        self.capacity = capacity
+        self.cache = _Layers(self)
         self.starts = torch.zeros(batch, dtype=torch.long, device=device)  # [B] first valid slot per row
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # [B] valid slots per row
+        self._starts = [0] * batch  # host mirror of starts
+        self._ends = [0] * batch  # host mirror of starts + lengths
+        self.bytes_copied = 0
+
+    def _count(self, *tensors: torch.Tensor) -> None:
+        self.bytes_copied += sum(t.numel() * t.element_size() for t in tensors)
+
+    def set_rows(self, starts: torch.Tensor, lengths: torch.Tensor, starts_host, lengths_host) -> None:
+        """Declare each row's valid region (after a prefill): [B] on the device and the same on the host."""
+        self.starts, self.lengths = starts, lengths
+        self._starts = list(starts_host)
+        self._ends = [s + n for s, n in zip(starts_host, lengths_host, strict=True)]
 
     @property
     def width(self) -> int:
-        """Length of the shared time axis (>= every row's length)."""
-        return self.cache.get_seq_length() if self.cache.layers else 0
+        """Length of the shared time axis (>= every row's end)."""
+        return self.cache.layers[0].width if self.cache.layers else 0
+
+    @property
+    def ends(self) -> list[int]:
+        """Host copy of each row's end slot (starts + lengths)."""
+        return self._ends
 
     def attention_mask(self, block_allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Additive mask [B, 1, T, width + T] for appending a block of T queries.
@@ -53,34 +151,59 @@ class RaggedCache:
         zero = torch.zeros((), dtype=dtype, device=self.lengths.device)
         return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None, None, :]
 
-    def commit(self, block_start: int, keep: torch.Tensor, counts: torch.Tensor) -> None:
+    def commit(
+        self,
+        block_start: int,
+        keep: torch.Tensor,
+        counts: torch.Tensor,
+        counts_host: list[int],
+        in_order: bool = False,
+    ) -> None:
         """Keep ``counts[b]`` entries of the block appended at ``block_start``.
 
         keep [B, J] indices into the block (0 = its first entry), in the order to store them; entries
-        ``j >= counts[b]`` are ignored. Moves them right after the row's valid region and crops.
+        ``j >= counts[b]`` are ignored.  counts [B] on the device, ``counts_host`` the same on the host.
+        ``in_order``: keep is ``arange(J)`` for every row (a chain or a plain step), so rows whose valid
+        region already ends at ``block_start`` need no move; when all do, nothing is copied.
+        Moves the kept entries right after the row's valid region and shrinks the shared axis.
         """
         bsz, j = keep.shape
-        src = block_start + keep  # [B, J] absolute slots
-        dst = (self.starts + self.lengths).unsqueeze(1) + torch.arange(j, device=keep.device)  # [B, J]
-        if j and not torch.equal(src, dst):
+        moves = j > 0 and not (in_order and all(e == block_start for e in self._ends))
+        if moves:
+            src = block_start + keep  # [B, J] absolute slots
+            dst = (self.starts + self.lengths).unsqueeze(1) + torch.arange(j, device=keep.device)  # [B, J]
             for layer in self.cache.layers:
                 for name in ("keys", "values"):
-                    t = getattr(layer, name)  # [B, Hkv, width, D]
+                    t = getattr(layer, name)  # [B, Hkv, C, hd]
                     shape = (bsz, t.shape[1], j, t.shape[3])
                     moved = t.gather(2, src.view(bsz, 1, j, 1).expand(shape))
                     t.scatter_(2, dst.view(bsz, 1, j, 1).expand(shape), moved)
+                    self._count(moved)
         self.lengths = self.lengths + counts
-        self.crop(int((self.starts + self.lengths).max()) if bsz else 0)
+        self._ends = [e + c for e, c in zip(self._ends, counts_host, strict=True)]
+        self.crop(max(self._ends) if bsz else 0)
 
     def crop(self, width: int) -> None:
         """Drop slots at and after ``width`` on the shared axis (rows' lengths are unchanged)."""
-        extra = self.width - width
-        if extra > 0:
-            self.cache.crop(-extra)
+        for layer in self.cache.layers:
+            layer.width = min(layer.width, width)
 
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows`` (finished sequences stop costing compute)."""
-        if self.cache.layers:
-            self.cache.batch_select_indices(rows)
-        self.starts = self.starts[rows]
+    def select(self, rows: torch.Tensor, rows_host: list[int]) -> None:
+        """Keep only ``rows`` [B'] (``rows_host`` the same on the host): finished sequences stop costing
+        compute.  The live slots of the kept rows are copied into new buffers of B' rows (same capacity),
+        starting at the earliest kept row's start."""
+        shift = min(self._starts[i] for i in rows_host) if rows_host else 0
+        width = self.width
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name)  # [B, Hkv, C, hd]
+                live = t[:, :, shift:width].index_select(0, rows)  # [B', Hkv, width - shift, hd]
+                new = t.new_empty(len(rows_host), t.shape[1], t.shape[2], t.shape[3])
+                new[:, :, : width - shift] = live
+                self._count(live, live)  # gathered, then written into place
+                setattr(layer, name, new)
+            layer.width = width - shift
+        self.starts = self.starts[rows] - shift
         self.lengths = self.lengths[rows]
+        self._starts = [self._starts[i] - shift for i in rows_host]
+        self._ends = [self._ends[i] - shift for i in rows_host]

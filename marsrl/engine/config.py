@@ -37,7 +37,11 @@ class EngineConfig:
     # node) and the run stays correctable; 1 = the paper (a greedy draft's b can hit 0), 0 = strict.  At
     # temperature 0 only 0 and 1 are allowed; "mars_code" needs 1
     relax_prob: float = 1.0
-    num_draft_tokens: int = 7  # K for chain drafting (the most drafts a round can verify)
+    # K for chain drafting (the most drafts a round can verify), or "auto": each round drafts the k in
+    # 0..max_draft_tokens with the best expected tokens per second for the live batch, from a cost model
+    # measured on the engine's models and running acceptance estimates (marsrl.engine.adaptive)
+    num_draft_tokens: int | Literal["auto"] = 7
+    max_draft_tokens: int | None = None  # the largest k "auto" may choose (default 7); only with "auto"
     # chain drafting stops early for a row once the draft's own probability of its chain so far (the
     # product of its per-token probabilities) falls below this; the row still verifies the token drafted
     # last.  0 = always K drafts.  Only for an EAGLE-3 chain; the draft's confidence never touches the
@@ -47,6 +51,12 @@ class EngineConfig:
     draft_sampling: Literal["greedy", "sample"] = "greedy"  # EAGLE proposes its argmax; "sample": x ~ q
     max_batch_size: int = 64  # sequences decoded together; larger requests run in successive batches
     max_seq_len: int | None = None  # prompt + completion cap; None: the target's max_position_embeddings
+    # bf16 / fp16 targets: compute the verify positions' logits with float32 output (a bf16 GEMM output
+    # rounds z2/z1 by up to ~1e-2 and makes exact ties, right where the margin rule decides)
+    fp32_logits: bool = True
+    # time each phase of a round (device-synchronised: slower on a GPU) into engine.stats["time"],
+    # stats["forward_by_width"] and a per-round stats["trace"]
+    profile: bool = False
 
     def __post_init__(self):
         if self.rule not in RULES:
@@ -61,8 +71,26 @@ class EngineConfig:
                 f"relax_prob = {lam} with rule 'mars_code', which reproduces the released code's "
                 "deterministic relaxation: set relax_prob = 1, or rule = 'mars' for a relaxation probability"
             )
-        if self.num_draft_tokens < 1:
-            raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+        k = self.num_draft_tokens
+        if k == "auto":
+            if self.max_draft_tokens is None:
+                object.__setattr__(self, "max_draft_tokens", 7)
+            if isinstance(self.max_draft_tokens, bool) or not isinstance(self.max_draft_tokens, int):
+                raise ValueError(f"max_draft_tokens must be an int >= 1, got {self.max_draft_tokens!r}")
+            if self.max_draft_tokens < 1:
+                raise ValueError(f"max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
+            if self.tree is not None:
+                raise ValueError('num_draft_tokens="auto" sizes chains; a tree sizes itself (set tree=None)')
+            if self.draft_confidence > 0:
+                raise ValueError(
+                    'num_draft_tokens="auto" and draft_confidence both size the chain: set draft_confidence=0'
+                )
+        elif isinstance(k, bool) or not isinstance(k, int):
+            raise ValueError(f'num_draft_tokens must be an int >= 1 or "auto", got {k!r}')
+        elif k < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1, got {k}")
+        elif self.max_draft_tokens is not None:
+            raise ValueError('max_draft_tokens is only for num_draft_tokens="auto"; set it to None')
         if not 0.0 <= self.draft_confidence < 1.0:
             raise ValueError(f"draft_confidence must be in [0, 1), got {self.draft_confidence}")
         if self.tree is not None and self.draft_confidence > 0:

@@ -12,8 +12,15 @@ One round for every active sequence (all advance together, each by its own accep
 ``drafter=None`` is plain autoregressive sampling through the same code (one token per forward); it is
 the reference path. Finished sequences (EOS, a stop id, max_new_tokens) leave the batch at once.
 
-Deliberately left out: paged / static caches, CUDA graphs, sliding-window attention (a model whose
-sliding window is shorter than prompt + completion is refused), continuous batching of new requests.
+GPU habits: both KV caches are preallocated ragged buffers written in place (cache.py); the target's
+chain / tree forwards attend without repeating KV heads (attention.py); a round reads the device back
+once (its record, packed in one tensor, plus the verify core's one batched data check), and every host
+decision after it (widths, commits, which rows finished) uses that copy; verify logits of bf16 / fp16
+targets come out of the lm_head in float32.  ``num_draft_tokens="auto"`` picks each round's chain
+length from a measured cost model (adaptive.py).
+
+Deliberately left out: paged caches, CUDA graphs, sliding-window attention (a model whose sliding window
+is shorter than prompt + completion is refused), continuous batching of new requests.
 """
 
 from __future__ import annotations
@@ -21,12 +28,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from functools import partial
 
+import numpy as np
 import torch
 
 from ..trajectory import PER_TOKEN_FIELDS, Trajectory
-from ..verify import Provenance, VerifyResult, sample_plain, verify_chain, verify_tree
+from ..verify import Provenance, sample_plain, verify_chain, verify_tree
 from ..verify.dist import sample_from_weights
+from .adaptive import CostModel, KPlanner
+from .attention import check_attention, target_attention
 from .cache import RaggedCache
 from .config import EngineConfig, SamplingParams
 from .tree import draft_tree
@@ -55,10 +66,37 @@ _RESULT_FIELDS = (
 )
 
 
-class SpeculativeEngine:
-    """Generate many sequences at once with speculative decoding and exact per-token records."""
+def fp32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., H] times weight [V, H] transposed (plus bias [V]) -> float32 [..., V], for half-precision
+    weights.  On CUDA one GEMM in the weight's dtype with float32 output (``torch.mm(out_dtype=)``, no
+    float32 copy of the weight); elsewhere, or where that overload is missing, the operands are upcast
+    in blocks of 8,192 vocabulary rows so the float32 weight is never whole in memory."""
+    flat = x.reshape(-1, x.shape[-1])
+    out = None
+    if x.device.type == "cuda":
+        try:
+            out = torch.mm(flat, weight.t(), out_dtype=torch.float32)
+        except (RuntimeError, TypeError):
+            out = None
+    if out is None:
+        xf = flat.float()
+        out = torch.cat([xf @ w.float().t() for w in weight.split(8192)], 1)
+    if bias is not None:
+        out = out + bias.float()
+    return out.view(*x.shape[:-1], weight.shape[0])
 
-    def __init__(self, target, drafter=None, config: EngineConfig | None = None):
+
+_PHASES = ("prefill", "draft", "target_forward", "verify", "commit", "record")
+
+
+class SpeculativeEngine:
+    """Generate many sequences at once with speculative decoding and exact per-token records.
+
+    ``cost_model``: for ``num_draft_tokens="auto"``, a measured ``CostModel`` to use instead of
+    measuring one at the first call (pass ``engine.cost_model`` of another engine to reproduce its
+    choices)."""
+
+    def __init__(self, target, drafter=None, config: EngineConfig | None = None, cost_model=None):
         self.target = target.eval()
         self.drafter = drafter
         self.config = config or EngineConfig()
@@ -66,7 +104,9 @@ class SpeculativeEngine:
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.max_seq_len = self.config.max_seq_len or getattr(target.config, "max_position_embeddings", None)
         self.stats: dict = {}
+        self.cost_model = cost_model
         self._eagle = None
+        check_attention(target)
         if drafter is not None and not hasattr(drafter, "propose"):
             from ..drafter import Eagle3Drafter, FeatureTap
 
@@ -88,6 +128,15 @@ class SpeculativeEngine:
         window = getattr(target.config, "sliding_window", None)
         if window and getattr(target.config, "use_sliding_window", True) and self.max_seq_len:
             self.max_seq_len = min(self.max_seq_len, window)
+        dtype = self._dtype
+        # verify-position logits in fp32 for half-precision targets: a bf16 GEMM output rounds z2/z1
+        # (and makes exact ties) right where MARS decides; the GEMM's inputs stay in the model's dtype
+        self._fp32_head = dtype in (torch.float16, torch.bfloat16) and self.config.fp32_logits
+        self._auto = self.config.num_draft_tokens == "auto"
+
+    @property
+    def _k_max(self) -> int:
+        return self.config.max_draft_tokens if self._auto else self.config.num_draft_tokens
 
     # ------------------------------------------------------------------ public
     def generate(
@@ -115,11 +164,24 @@ class SpeculativeEngine:
             rounds=0,
             tokens=0,
             tokens_in_rounds=0,
+            host_syncs=0,
+            cache_bytes_copied=0,
+            k_per_round=[],
         )
+        if self.config.profile:
+            totals.update(time=dict.fromkeys(_PHASES, 0.0), forward_by_width={}, trace=[])
+        self._totals = totals
+        planner = None
+        if self._auto and self.drafter is not None:
+            if self.cost_model is None:
+                self.cost_model = self.calibrate()
+            planner = KPlanner(self.cost_model, self.config.max_draft_tokens)
         start = time.perf_counter()
+        self._t0 = start
         with torch.inference_mode():
             for s in range(0, len(rows), self.config.max_batch_size):
-                self._run_batch(rows[s : s + self.config.max_batch_size], sampling, eos, gen, totals)
+                batch = rows[s : s + self.config.max_batch_size]
+                self._run_batch(batch, sampling, eos, gen, totals, planner)
         totals["wall_seconds"] = time.perf_counter() - start
         # tau: kept tokens per target forward of the speculative rounds, per sequence (the prefill's token
         # is excluded from both counts; a round's tokens past an EOS / max_new_tokens are not counted), so
@@ -129,26 +191,32 @@ class SpeculativeEngine:
         return [self._trajectory(r, sampling) for r in rows]
 
     # ------------------------------------------------------------------ one batch
-    def _run_batch(
-        self, rows: list[_Row], sampling: SamplingParams, eos: set[int], gen, totals: dict
-    ) -> None:
+    def _run_batch(self, rows: list[_Row], sampling: SamplingParams, eos: set[int], gen, totals, planner):
         dev = self.device
         bsz = len(rows)
-        lens = torch.tensor([len(r.prompt) for r in rows], device=dev)
-        width = int(lens.max())
-        pad = width - lens  # prompts are left-padded: every row's last prompt token sits at slot width-1
-        ids = torch.zeros(bsz, width, dtype=torch.long, device=dev)
+        lens_host = [len(r.prompt) for r in rows]
+        width = max(lens_host)
+        pad_host = [width - n for n in lens_host]
+        ids_host = torch.zeros(bsz, width, dtype=torch.long)
         for b, r in enumerate(rows):
-            ids[b, width - len(r.prompt) :] = torch.tensor(r.prompt, device=dev)
-        tcache = RaggedCache(bsz, dev)
+            ids_host[b, width - len(r.prompt) :] = torch.tensor(r.prompt)
+        # one host -> device copy for the prompts, their lengths and padding
+        ids, lens = self._to_device(torch.cat([ids_host, torch.tensor(lens_host).unsqueeze(1)], 1)).split(
+            [width, 1], 1
+        )
+        lens = lens.squeeze(1)
+        pad = width - lens  # prompts are left-padded: every row's last prompt token sits at slot width-1
+        room = sampling.max_new_tokens + self._round_width() + 1
+        tcache = RaggedCache(bsz, dev, capacity=width + room)
         slots = torch.arange(width, device=dev)
         keys_ok = slots >= pad.unsqueeze(1)  # [B, L]
         causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
+        clock = self._clock("prefill")
         mask = tcache.attention_mask(causal.unsqueeze(0) & keys_ok.unsqueeze(1), self._dtype)
         pos = (slots - pad.unsqueeze(1)).clamp(min=0)
         hidden, feats = self._target_hidden(ids, pos, mask, tcache)
         totals["target_forwards"] += 1
-        tcache.starts, tcache.lengths = pad, lens.clone()
+        tcache.set_rows(pad, lens.clone(), pad_host, lens_host)
         first = sample_plain(
             self._lm_head(hidden[:, -1]),
             temperature=sampling.temperature,
@@ -163,41 +231,72 @@ class SpeculativeEngine:
             src = (pad.unsqueeze(1) + slots).clamp(max=width - 1)  # [B, L]
             pair_feats = feats.gather(1, src.unsqueeze(-1).expand(-1, -1, feats.shape[-1]))
             pair_tokens = torch.cat([ids, last.unsqueeze(1)], 1).gather(1, (src + 1).clamp(max=width))
-            self._eagle.start(bsz, dev, pair_feats, pair_tokens, lens)
-        active = self._record(rows, first, sampling, eos, totals, drafted=None)
+            self._eagle.start(bsz, dev, pair_feats, pair_tokens, lens, lens_host, width + room)
+        host = self._fetch(first)
+        self._tick(clock)
+        active = self._record(rows, host, sampling, eos, totals, drafted=None)
 
         while active:
-            keep = torch.tensor([b for b, _ in active], device=dev)
             if len(active) < len(rows):
-                tcache.select(keep)
+                keep_host = [b for b, _ in active]
+                keep = self._to_device(torch.tensor(keep_host))
+                tcache.select(keep, keep_host)
                 last = last[keep]
                 if self._eagle is not None:
-                    self._eagle.select(keep)
+                    self._eagle.select(keep, keep_host)
             rows = [r for _, r in active]
-            res, drafted, n_forwards = self._round(rows, last, tcache, sampling, gen)
+            k = planner.choose(len(rows)) if planner is not None else None
+            round_start = time.perf_counter()
+            res, drafted, n_forwards, host = self._round(rows, last, tcache, sampling, gen, k)
             totals["target_forwards"] += 1
             totals["draft_forwards"] += n_forwards
             last = res.tokens.gather(1, (res.num_emitted - 1).unsqueeze(1)).squeeze(1)
-            active = self._record(rows, res, sampling, eos, totals, drafted=drafted)
+            clock = self._clock("record")
+            active = self._record(rows, host, sampling, eos, totals, drafted=drafted)
+            self._tick(clock)
+            width = drafted if isinstance(drafted, int) else max(drafted)
+            totals["k_per_round"].append(width)
+            if planner is not None:
+                per_row = [drafted] * len(rows) if isinstance(drafted, int) else drafted
+                planner.observe(per_row, [n - 1 for n in host["num_emitted"]])
+            if self.config.profile:
+                totals["trace"].append([round_start - self._t0, len(rows), width])
+        totals["cache_bytes_copied"] += tcache.bytes_copied
+        if self._eagle is not None:
+            totals["cache_bytes_copied"] += self._eagle.cache.bytes_copied
+            self._eagle.clear()  # nothing of the batch stays on the device after it
 
-    def _round(self, rows, last, tcache: RaggedCache, sampling: SamplingParams, gen):
-        """One draft + verify round. Returns (VerifyResult-like, drafted per row, draft forwards)."""
+    def _round(self, rows, last, tcache: RaggedCache, sampling: SamplingParams, gen, k: int | None):
+        """One draft + verify round: (VerifyResult-like, drafted per row, draft forwards, host record).
+
+        k: the chain length the planner chose (auto mode; 0 = a plain step), else None."""
         dev = self.device
         cfg = self.config
         bsz = len(rows)
         kw = dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, generator=gen)
-        if self.drafter is None:  # plain sampling: one token per target forward
+        if self.drafter is None or k == 0:  # a plain step: one token per target forward
             block = last.unsqueeze(1)
             mask = tcache.attention_mask(torch.ones(1, 1, 1, dtype=torch.bool, device=dev), self._dtype)
             start = tcache.width
-            hidden, _ = self._target_hidden(block, tcache.lengths.unsqueeze(1), mask, tcache)
+            clock = self._clock("target_forward")
+            hidden, feats = self._target_hidden(block, tcache.lengths.unsqueeze(1), mask, tcache)
+            self._tick(clock, width=1, rows=bsz)
+            clock = self._clock("verify")
             res = sample_plain(self._lm_head(hidden[:, 0]), **kw)
-            tcache.commit(start, torch.zeros(bsz, 1, dtype=torch.long, device=dev), res.num_emitted)
-            return res, 0, 0
+            host = self._fetch(res)
+            self._tick(clock)
+            clock = self._clock("commit")
+            order = torch.zeros(bsz, 1, dtype=torch.long, device=dev)
+            tcache.commit(start, order, res.num_emitted, host["num_emitted"], in_order=True)
+            if self._eagle is not None:  # the drafter absorbs this pair with the next round's
+                self._eagle.pend(feats, res.tokens, res.num_emitted, host["num_emitted"], append=True)
+            self._tick(clock)
+            return res, 0, 0, host
         if cfg.tree is not None:
             return self._tree_round(last, tcache, sampling, kw)
-        k = cfg.num_draft_tokens
+        k = k if k is not None else cfg.num_draft_tokens
         n_drafts = None  # per-row chain lengths when drafting stopped early for some rows
+        clock = self._clock("draft")
         if self._eagle is not None:
             drafts, probs, n_drafts = self._eagle.draft_chain(
                 k, sampling, cfg.draft_sampling, gen, cfg.draft_confidence
@@ -208,12 +307,16 @@ class SpeculativeEngine:
             seqs = [r.prompt + r.tokens for r in rows]
             drafts, probs = self.drafter.propose(seqs, k).to(dev).long(), None
             n_forwards = 0
+        self._tick(clock)
         block = torch.cat([last.unsqueeze(1), drafts], 1)  # [B, K+1]
         pos = tcache.lengths.unsqueeze(1) + torch.arange(k + 1, device=dev)
         causal = torch.ones(k + 1, k + 1, dtype=torch.bool, device=dev).tril().unsqueeze(0)
         mask = tcache.attention_mask(causal, self._dtype)
         start = tcache.width
+        clock = self._clock("target_forward")
         hidden, feats = self._target_hidden(block, pos, mask, tcache)
+        self._tick(clock, width=k + 1, rows=bsz)
+        clock = self._clock("verify")
         res = verify_chain(
             self._lm_head(hidden),
             drafts,
@@ -224,16 +327,22 @@ class SpeculativeEngine:
             num_drafts=n_drafts,
             **kw,
         )
+        host = self._fetch(res, n_drafts)
+        self._tick(clock)
+        clock = self._clock("commit")
         order = torch.arange(k + 1, device=dev).expand(bsz, k + 1)
-        tcache.commit(start, order, res.num_emitted)
+        tcache.commit(start, order, res.num_emitted, host["num_emitted"], in_order=True)
         if self._eagle is not None:
-            self._eagle.pend(feats, res.tokens.clamp(min=0), res.num_emitted)
-        return res, (n_drafts.tolist() if n_drafts is not None else k), n_forwards
+            self._eagle.pend(feats, res.tokens.clamp(min=0), res.num_emitted, host["num_emitted"])
+        self._tick(clock)
+        return res, (host["num_drafts"] if n_drafts is not None else k), n_forwards, host
 
     def _tree_round(self, last, tcache: RaggedCache, sampling: SamplingParams, kw):
         dev = self.device
         cfg = self.config
+        clock = self._clock("draft")
         tree = draft_tree(self._eagle, cfg.tree, self._dtype)
+        self._tick(clock)
         n = tree.tokens.shape[1]
         bsz = last.shape[0]
         block = torch.cat([last.unsqueeze(1), tree.tokens.clamp(min=0)], 1)  # [B, N+1]
@@ -242,7 +351,10 @@ class SpeculativeEngine:
         )
         mask = tcache.attention_mask(tree.ancestors, self._dtype)  # [B, N+1, N+1] incl. root
         start = tcache.width
+        clock = self._clock("target_forward")
         hidden, feats = self._target_hidden(block, pos, mask, tcache)
+        self._tick(clock, width=n + 1, rows=bsz)
+        clock = self._clock("verify")
         # node probabilities matter only to mars_code (strict/mars treat top-k proposals as q = 1)
         res = verify_tree(
             self._lm_head(hidden),
@@ -254,27 +366,160 @@ class SpeculativeEngine:
             relax_prob=cfg.relax_prob,
             **kw,
         )
+        host = self._fetch(res)
+        self._tick(clock)
+        clock = self._clock("commit")
         # keep the root and the accepted nodes, in path order (block index = node + 1)
         path = torch.cat([torch.zeros(bsz, 1, dtype=torch.long, device=dev), res.path_nodes + 1], 1)
         path = path.clamp(min=0)[:, : res.tokens.shape[1]]
-        tcache.commit(start, path, res.num_emitted)
+        tcache.commit(start, path, res.num_emitted, host["num_emitted"])
         feats_path = feats.gather(1, path.unsqueeze(-1).expand(-1, -1, feats.shape[-1]))
-        self._eagle.pend(feats_path, res.tokens.clamp(min=0), res.num_emitted)
-        return res, n, tree.draft_forwards
+        self._eagle.pend(feats_path, res.tokens.clamp(min=0), res.num_emitted, host["num_emitted"])
+        self._tick(clock)
+        return res, n, tree.draft_forwards, host
+
+    # ------------------------------------------------------------------ adaptive speculation
+    def calibrate(self, rows: Sequence[int] | None = None, context: int = 64, repeats: int = 3):
+        """Measure a ``CostModel`` on this engine's models: the median of ``repeats`` timed target
+        forwards for each live batch size in ``rows`` (default: powers of two up to max_batch_size) and
+        each block width 1 .. K + 1, over a cache of ``context`` random tokens, and the same for one
+        draft forward.  Device-synchronised; a few hundred forwards in all."""
+        cfg = self.config
+        top = cfg.max_batch_size
+        rows = sorted(set(rows or [min(2**i, top) for i in range(top.bit_length() + 1)]))
+        k_max = self._k_max
+        costs = CostModel()
+        dev = self.device
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        with torch.inference_mode():
+            for r in rows:
+                ctx = torch.randint(0, self.vocab_size, (r, context), generator=gen).to(dev)
+                costs.target[r] = {}
+                for w in range(1, k_max + 2):
+                    block = torch.randint(0, self.vocab_size, (r, w), generator=gen).to(dev)
+                    costs.target[r][w] = self._time(partial(self._calibration_forward, ctx, block), repeats)
+                if self._eagle is not None:
+                    costs.draft[r] = self._time(partial(self._calibration_draft, r, context), repeats)
+                elif self.drafter is not None:
+                    costs.draft[r] = self._time(partial(self._time_propose, ctx.tolist()), repeats)
+        return costs
+
+    def _calibration_forward(self, ctx, block):
+        cache = RaggedCache(ctx.shape[0], self.device, capacity=ctx.shape[1] + block.shape[1])
+        n, w = ctx.shape[1], block.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril().unsqueeze(0)
+        pos = torch.arange(n, device=self.device).expand(ctx.shape[0], n)
+        self._target_hidden(ctx, pos, cache.attention_mask(causal, self._dtype), cache)
+        rows = len(pos)
+        cache.set_rows(torch.zeros_like(pos[:, 0]), torch.full_like(pos[:, 0], n), [0] * rows, [n] * rows)
+        causal = torch.ones(w, w, dtype=torch.bool, device=self.device).tril().unsqueeze(0)
+        mask = cache.attention_mask(causal, self._dtype)
+        start = time.perf_counter()
+        self._sync()
+        block_pos = n + torch.arange(w, device=self.device).expand(rows, w)
+        hidden, _ = self._target_hidden(block, block_pos, mask, cache)
+        self._lm_head(hidden)
+        self._sync()
+        return time.perf_counter() - start
+
+    def _calibration_draft(self, r: int, context: int) -> float:
+        d = self._eagle.drafter
+        dev = self.device
+        cache = RaggedCache(r, dev, capacity=context + 2)
+        hid = d.config.hidden_size
+        feats = torch.zeros(r, context, hid, dtype=self._eagle.dtype, device=dev)
+        toks = torch.zeros(r, context, dtype=torch.long, device=dev)
+        pos = torch.arange(context, device=dev).expand(r, context)
+        causal = torch.ones(context, context, dtype=torch.bool, device=dev).tril().unsqueeze(0)
+        _, h = d(toks, feats, pos, cache.cache, cache.attention_mask(causal, self._eagle.dtype))
+        cache.set_rows(pos[:, 0] * 0, pos[:, 0] * 0 + context, [0] * r, [context] * r)
+        mask = cache.lockstep_mask(1, self._eagle.dtype)
+        start = time.perf_counter()
+        self._sync()
+        d(toks[:, :1], h[:, -1:], pos[:, -1:] + 1, cache.cache, mask)
+        self._sync()
+        return time.perf_counter() - start
+
+    def _time_propose(self, seqs) -> float:
+        start = time.perf_counter()
+        self.drafter.propose(seqs, 1)
+        return time.perf_counter() - start
+
+    def _time(self, fn, repeats: int) -> float:
+        fn()  # warm-up
+        out = sorted(fn() for _ in range(repeats))
+        return out[len(out) // 2]
 
     # ------------------------------------------------------------------ pieces
     @property
     def _dtype(self) -> torch.dtype:
         return next(self.target.parameters()).dtype
 
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _clock(self, phase: str):
+        """Start timing ``phase`` when profiling (device-synchronised), else None."""
+        if not self.config.profile:
+            return None
+        self._sync()
+        return phase, time.perf_counter()
+
+    def _tick(self, clock, width: int | None = None, rows: int = 0) -> None:
+        if clock is None:
+            return
+        self._sync()
+        phase, t0 = clock
+        dt = time.perf_counter() - t0
+        self._totals["time"][phase] += dt
+        if width is not None:
+            by_width = self._totals["forward_by_width"]
+            entry = by_width.setdefault(str(width), dict(calls=0, seconds=0.0, rows=0))
+            entry["calls"] += 1
+            entry["seconds"] += dt
+            entry["rows"] += rows
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """Host -> device (a sync on a GPU unless pinned; counted)."""
+        if self.device.type == "cpu":
+            return t
+        self._totals["host_syncs"] += 1
+        return t.to(self.device)
+
+    def _fetch(self, res, n_drafts=None) -> dict[str, list]:
+        """The round's record in one device -> host copy: every per-token field of ``res`` and
+        num_emitted (and per-row draft counts) packed into one float64 tensor (ids, codes and float32
+        values are all exact in float64)."""
+        fields = ("tokens", *_RESULT_FIELDS)
+        cols = [getattr(res, f).to(torch.float64) for f in fields]
+        w = cols[0].shape[1]
+        extra = [res.num_emitted.to(torch.float64).unsqueeze(1)]
+        if n_drafts is not None:
+            extra.append(n_drafts.to(torch.float64).unsqueeze(1))
+        # the copy is the one sync; what follows runs on a host array
+        packed = torch.cat([*cols, *extra], 1).cpu().numpy()
+        self._totals["host_syncs"] += 1
+        out = {f: packed[:, i * w : (i + 1) * w] for i, f in enumerate(fields)}
+        for f in ("tokens", "provenance"):
+            out[f] = out[f].astype(np.int64).tolist()
+        out["is_top2"] = out["is_top2"].astype(bool).tolist()
+        for f in ("target_logprob", "behavior_logprob", "logit_ratio", "unsupported_mass"):
+            out[f] = out[f].tolist()
+        out["num_emitted"] = packed[:, len(fields) * w].astype(np.int64).tolist()
+        if n_drafts is not None:
+            out["num_drafts"] = packed[:, len(fields) * w + 1].astype(np.int64).tolist()
+        return out
+
     def _target_hidden(self, ids, pos, mask, tcache: RaggedCache):
         """Final hidden states [B, T, H] of the target (and the drafter's features when tapped)."""
         from ..drafter import FeatureTap
 
         def forward():
-            return self.target.model(
-                input_ids=ids, position_ids=pos, attention_mask=mask, cache=tcache.cache, use_cache=True
-            ).last_hidden_state
+            with target_attention(self.target):
+                return self.target.model(
+                    input_ids=ids, position_ids=pos, attention_mask=mask, cache=tcache.cache, use_cache=True
+                ).last_hidden_state
 
         if self._eagle is None:
             return forward(), None
@@ -284,14 +529,17 @@ class SpeculativeEngine:
             return hidden, tap.features()
 
     def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.target.lm_head(hidden).float()
+        """Logits [..., V] in float32 of the verify positions."""
+        head = self.target.lm_head
+        if not self._fp32_head:
+            return head(hidden).float()
+        return fp32_linear(hidden, head.weight, getattr(head, "bias", None))
 
-    def _record(self, rows, res: VerifyResult, sampling, eos, totals, drafted) -> list[tuple[int, _Row]]:
+    def _record(self, rows, host: dict, sampling, eos, totals, drafted) -> list[tuple[int, _Row]]:
         """Append each row's emitted tokens until it finishes; returns the rows still active.
 
-        drafted: None for the prefill's token, else the drafts verified this round (an int for every
-        row, or a list with one count per row)."""
-        host = {f: getattr(res, f).cpu().tolist() for f in ("tokens", "num_emitted", *_RESULT_FIELDS)}
+        host: the round's record on the host (``_fetch``).  drafted: None for the prefill's token, else
+        the drafts verified this round (an int for every row, or a list with one count per row)."""
         stop = set(sampling.stop_token_ids)
         active = []
         for b, row in enumerate(rows):
@@ -310,7 +558,7 @@ class SpeculativeEngine:
                 row.record["target_logprobs"].append(host["target_logprob"][b][j])
                 row.record["behavior_logprobs"].append(host["behavior_logprob"][b][j])
                 row.record["logit_ratio"].append(host["logit_ratio"][b][j])
-                row.record["is_top2"].append(bool(host["is_top2"][b][j]))
+                row.record["is_top2"].append(host["is_top2"][b][j])
                 row.record["draft_position"].append(j)
                 row.record["unsupported_mass"].append(host["unsupported_mass"][b][j])
                 if drafted is not None and prov in (Provenance.ACCEPTED, Provenance.RELAXED):
@@ -344,7 +592,7 @@ class SpeculativeEngine:
             return 1
         if self.config.tree is not None:
             return self.config.tree.depth + 2
-        return self.config.num_draft_tokens + 1
+        return self._k_max + 1
 
     def _trajectory(self, row: _Row, sampling: SamplingParams) -> Trajectory:
         return Trajectory(
@@ -394,20 +642,43 @@ class _EagleState:
 
     def __init__(self, drafter):
         self.drafter = drafter
+        self.clear()
+
+    def clear(self) -> None:
+        """Drop the batch's cache and pending pairs (nothing stays on the device between batches)."""
         self.cache: RaggedCache | None = None
         self.feats = self.tokens = self.counts = None
+        self.counts_host: list[int] = []
 
-    def start(self, bsz, dev, feats, tokens, counts) -> None:
-        self.cache = RaggedCache(bsz, dev)
-        self.pend(feats, tokens, counts)
+    def start(self, bsz, dev, feats, tokens, counts, counts_host, capacity: int) -> None:
+        self.cache = RaggedCache(bsz, dev, capacity=capacity)
+        self.pend(feats, tokens, counts, counts_host)
 
-    def pend(self, feats, tokens, counts) -> None:
-        """feats [B, P, 3Ht], tokens [B, P]: the first counts[b] pairs of each row are new and committed."""
-        self.feats, self.tokens, self.counts = feats, tokens, counts
+    def pend(self, feats, tokens, counts, counts_host, append: bool = False) -> None:
+        """feats [B, P, 3Ht], tokens [B, P]: the first counts[b] pairs of each row are new and committed.
+        ``append``: add them after the pairs still pending (a plain step drafts nothing, so the drafter
+        absorbs its pair with the next round's)."""
+        if append and self.feats is not None and max(self.counts_host, default=0) > 0:
+            old = self.counts_host
+            p = feats.shape[1]
+            width = max(o + c for o, c in zip(old, counts_host, strict=True))
+            held = max(old)  # columns of the pending pairs that matter
+            f = feats.new_zeros(feats.shape[0], held + p, feats.shape[2])
+            t = tokens.new_zeros(tokens.shape[0], held + p)
+            f[:, :held] = self.feats[:, :held]
+            t[:, :held] = self.tokens[:, :held]
+            at = self.counts.unsqueeze(1) + torch.arange(p, device=counts.device)  # [B, P]
+            f.scatter_(1, at.unsqueeze(-1).expand(-1, -1, f.shape[2]), feats)
+            t.scatter_(1, at, tokens)
+            feats, tokens = f[:, :width], t[:, :width]
+            counts = self.counts + counts
+            counts_host = [o + c for o, c in zip(old, counts_host, strict=True)]
+        self.feats, self.tokens, self.counts, self.counts_host = feats, tokens, counts, list(counts_host)
 
-    def select(self, rows) -> None:
-        self.cache.select(rows)
+    def select(self, rows, rows_host) -> None:
+        self.cache.select(rows, rows_host)
         self.feats, self.tokens, self.counts = self.feats[rows], self.tokens[rows], self.counts[rows]
+        self.counts_host = [self.counts_host[i] for i in rows_host]
 
     @property
     def dtype(self):
@@ -418,7 +689,7 @@ class _EagleState:
         at each row's last pair, i.e. the state that predicts the first draft token."""
         dev = self.counts.device
         bsz = self.counts.shape[0]
-        width = int(self.counts.max())
+        width = max(self.counts_host)
         feats, tokens = self.feats[:, :width], self.tokens[:, :width]
         new_ok = torch.arange(width, device=dev) < self.counts.unsqueeze(1)  # [B, P]
         causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
@@ -428,9 +699,12 @@ class _EagleState:
         logits, hidden = self.drafter(
             tokens, self.drafter.fuse(feats.to(self.dtype)), pos, self.cache.cache, mask
         )
-        self.cache.commit(start, torch.arange(width, device=dev).expand(bsz, width), self.counts)
+        order = torch.arange(width, device=dev).expand(bsz, width)
+        self.cache.commit(start, order, self.counts, self.counts_host, in_order=True)
         rows = torch.arange(bsz, device=dev)
-        return hidden[rows, self.counts - 1], logits[rows, self.counts - 1]
+        h, lg = hidden[rows, self.counts - 1], logits[rows, self.counts - 1]
+        self.counts_host = [0] * bsz  # absorbed
+        return h, lg
 
     def step(self, tokens, hidden, depth_offset: int, mask):
         """One speculative draft step: tokens [B, M], hidden [B, M, H] at positions lengths + offset,

@@ -1,0 +1,209 @@
+"""What a GPU run depends on, checked on the CPU: syncs per round, cache bytes flat in the committed
+length, fp32 verify logits for bf16 targets, refused attention implementations, nothing kept after a
+batch, and adaptive speculation (exact, deterministic, K varying)."""
+
+import pytest
+import torch
+
+from marsrl.drafter import Eagle3Drafter
+from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
+from marsrl.engine.adaptive import CostModel
+from marsrl.engine.engine import fp32_linear
+from marsrl.testing import tiny_causal_lm
+from marsrl.verify import DEFAULT_THETA
+from tests.engine.helpers import PROMPTS, exact_joint, hf_greedy, sample_index
+from tests.engine.syncs import SyncCounter
+from tests.stats import assert_distribution
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return tiny_causal_lm("qwen3", vocab=64, layers=4, max_positions=1200, seed=0)
+
+
+def _syncs_per_round(engine, prompts, sp):
+    engine.generate(prompts, sp)  # warm-up (lazy inits)
+    with SyncCounter() as c:
+        engine.generate(prompts, sp)
+    rounds = engine.stats["rounds"] // len(prompts) + 1  # + the prefill, per row (all rows in lockstep)
+    return c.count / rounds, c.where
+
+
+@pytest.mark.parametrize("mode", ["plain", "chain", "mars", "auto"])
+def test_at_most_two_syncs_per_round(qwen, mode):
+    head = Eagle3Drafter.from_target(qwen)
+    cfgs = {
+        "plain": None,
+        "chain": EngineConfig(num_draft_tokens=5),
+        "mars": EngineConfig(num_draft_tokens=5, rule="mars"),
+        "auto": EngineConfig(num_draft_tokens="auto", max_draft_tokens=4),
+    }
+    costs = CostModel(target={1: {w: 1.0 + 0.2 * w for w in range(1, 6)}}, draft={1: 0.05})
+    eng = SpeculativeEngine(qwen, None if mode == "plain" else head, cfgs[mode], cost_model=costs)
+    # one row: rows never leave the batch early, so every round is an ordinary round
+    per_round, where = _syncs_per_round(eng, [[1, 2, 3]], SamplingParams(max_new_tokens=24, ignore_eos=True))
+    assert per_round <= 2, (per_round, where)
+    assert eng.stats["host_syncs"] == eng.stats["rounds"] + 1  # the engine's own: one record copy a round
+
+
+def _bytes_per_extra_round(engine, prompt_len: int, mode: str) -> float:
+    prompts = [[(7 * i + j) % 60 + 1 for j in range(prompt_len)] for i in range(2)]
+    out = []
+    for n in (8, 16):
+        engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True))
+        out.append((engine.stats["cache_bytes_copied"], engine.stats["rounds"]))
+    return (out[1][0] - out[0][0]) / (out[1][1] - out[0][1])
+
+
+@pytest.mark.parametrize("mode", ["plain", "chain"])
+def test_cache_bytes_per_round_do_not_grow_with_the_committed_length(qwen, mode):
+    head = Eagle3Drafter.from_target(qwen)
+    eng = SpeculativeEngine(qwen, None if mode == "plain" else head, EngineConfig(num_draft_tokens=3))
+    short, long = (_bytes_per_extra_round(eng, t, mode) for t in (128, 1024))
+    cfg = qwen.config
+    # bytes of one row's K and V at one position, all layers, fp32 (rounds are counted per row)
+    per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4
+    if mode == "plain":  # an append of one token a round, nothing moved
+        assert short == long == per_token
+    else:  # at most the K + 1 appended entries plus the kept ones moved (target), and the drafter's few
+        assert short <= 3 * 4 * per_token and long <= 3 * 4 * per_token, (short, long)
+        assert abs(long - short) <= 0.25 * short, (short, long)
+
+
+def test_fp32_verify_logits_decide_near_ties_like_an_fp32_reference():
+    """A bf16 head on bf16 hidden states: the margin decision z2/z1 > theta at positions whose reference
+    ratio lies within 0.02 of theta (seed 0, 4,096 positions, V = 1,024) must equal float64's, and the
+    plain bf16 GEMM (the control) must get some of them wrong."""
+    torch.manual_seed(0)
+    hidden = torch.randn(4096, 256).to(torch.bfloat16)
+    weight = (torch.randn(1024, 256) / 4).to(torch.bfloat16)
+    ref = hidden.double() @ weight.double().t()
+    top = ref.topk(2, -1).values
+    ratio = top[:, 1] / top[:, 0]
+    near = (top[:, 0] > 0) & ((ratio - DEFAULT_THETA).abs() < 0.02)
+    assert near.sum() > 300, int(near.sum())
+
+    def decide(logits):
+        v = logits.double().topk(2, -1).values
+        return (v[:, 1] / v[:, 0] > DEFAULT_THETA)[near]
+
+    want = decide(ref)
+    assert torch.equal(decide(fp32_linear(hidden, weight)), want)
+    bf16 = torch.nn.functional.linear(hidden, weight).float()
+    assert not torch.equal(decide(bf16), want), "the control should flip some near-tie decisions"
+
+
+def test_bf16_engine_verifies_with_fp32_logits():
+    model = tiny_causal_lm("qwen3", vocab=64, layers=2, seed=3).to(torch.bfloat16)
+    eng = SpeculativeEngine(model, None)
+    h = torch.randn(3, model.config.hidden_size).to(torch.bfloat16)
+    assert torch.equal(eng._lm_head(h), fp32_linear(h, model.lm_head.weight))
+    off = SpeculativeEngine(model, None, EngineConfig(fp32_logits=False))
+    assert torch.equal(off._lm_head(h), model.lm_head(h).float())
+
+
+def test_flash_attention_targets_are_refused():
+    model = tiny_causal_lm("qwen3", vocab=64, layers=2)
+    model.config._attn_implementation_internal = "flash_attention_2"
+    with pytest.raises(ValueError, match=r"attn_implementation='flash_attention_2'.*sdpa"):
+        SpeculativeEngine(model, None)
+
+
+def test_nothing_of_a_batch_stays_with_the_drafter(qwen):
+    eng = SpeculativeEngine(qwen, Eagle3Drafter.from_target(qwen), EngineConfig(num_draft_tokens=3))
+    eng.generate(PROMPTS, SamplingParams(max_new_tokens=8))
+    assert eng._eagle.cache is None and eng._eagle.feats is None
+
+
+def test_pairs_appended_over_plain_steps_absorb_like_pairs_absorbed_each_round(qwen):
+    """A plain step (auto's k = 0) leaves its pair pending; absorbing two rounds of pairs at once must
+    give the drafter the state it gets absorbing them one round at a time."""
+    from marsrl.engine.engine import _EagleState
+
+    head = Eagle3Drafter.from_target(qwen)
+    torch.manual_seed(1)
+    feats = torch.randn(2, 6, 3 * qwen.config.hidden_size)
+    tokens = torch.randint(0, 64, (2, 6))
+    counts = [[2, 1], [1, 2], [1, 1]]  # per round, per row: pairs added (of the 2 passed)
+    outs = []
+    for together in (False, True):
+        st = _EagleState(head)
+        st.start(2, torch.device("cpu"), feats[:, :4], tokens[:, :4], torch.tensor([4, 2]), [4, 2], 32)
+        h, lg = st.absorb()
+        at = [4, 2]
+        for c in counts:
+            cols = [min(a, 4) for a in at]  # the next two pairs of each row (the last two at the end)
+            f = torch.stack([feats[b, cols[b] : cols[b] + 2] for b in range(2)])
+            t = torch.stack([tokens[b, cols[b] : cols[b] + 2] for b in range(2)])
+            st.pend(f, t, torch.tensor(c), c, append=together)
+            at = [a + n for a, n in zip(at, c, strict=True)]
+            if not together:
+                h, lg = st.absorb()
+        if together:
+            h, lg = st.absorb()
+        outs.append((h, lg, st.cache.lengths.clone()))
+    assert torch.equal(outs[0][2], outs[1][2])
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------- adaptive speculation
+# a cost model where a block of w tokens costs 1 + 0.3 w and a draft step 0.05: the best k moves with
+# the acceptance estimates, so K varies between rounds
+VARYING = CostModel(target={1: {w: 1.0 + 0.3 * w for w in range(1, 7)}}, draft={1: 0.05})
+
+
+def test_auto_strict_greedy_equals_hf_with_k_varying(target):
+    head = Eagle3Drafter.from_target(target)
+    cfg = EngineConfig(num_draft_tokens="auto", max_draft_tokens=5)
+    eng = SpeculativeEngine(target, head, cfg, cost_model=VARYING)
+    out = eng.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=24))
+    assert [t.completion_ids for t in out] == hf_greedy(target, PROMPTS, 24)
+    ks = eng.stats["k_per_round"]
+    assert len(set(ks)) > 1 and 0 < max(ks) <= 5, ks
+
+
+def test_auto_is_deterministic_for_a_seed(target):
+    head = Eagle3Drafter.from_target(target)
+    cfg = EngineConfig(num_draft_tokens="auto", max_draft_tokens=5, rule="mars")
+    sp = SamplingParams(temperature=1.0, max_new_tokens=20, n=3, seed=5)
+    eng = SpeculativeEngine(target, head, cfg, cost_model=VARYING)
+    runs = []
+    for e in (eng, eng, SpeculativeEngine(target, head, cfg, cost_model=eng.cost_model)):
+        out = e.generate(PROMPTS, sp)
+        ids, logps = [t.completion_ids for t in out], [t.behavior_logprobs for t in out]
+        runs.append((ids, logps, e.stats["k_per_round"]))
+    assert runs[0] == runs[1] == runs[2]
+    assert len(set(runs[0][2])) > 1
+
+
+def test_auto_strict_sampling_matches_exact_joint(small):
+    """N = 60k completions of 3 tokens (seed 21) with k chosen per round (K then zero-length chains)."""
+    cfg = EngineConfig(num_draft_tokens="auto", max_draft_tokens=3, max_batch_size=60_000)
+    # width-proportional cost: after the first (exploring) round plain steps win, so later rounds are k = 0
+    costs = CostModel(target={1: {w: float(w) for w in range(1, 5)}}, draft={1: 0.0})
+    eng = SpeculativeEngine(small, Eagle3Drafter.from_target(small), cfg, cost_model=costs)
+    assert_distribution(sample_index(eng), exact_joint(small), "auto")
+    assert eng.stats["accepted"] > 1000
+    assert set(eng.stats["k_per_round"]) == {3, 0}, set(eng.stats["k_per_round"])
+
+
+def test_calibrate_measures_every_batch_and_width(qwen):
+    eng = SpeculativeEngine(
+        qwen, Eagle3Drafter.from_target(qwen), EngineConfig(num_draft_tokens="auto", max_draft_tokens=2)
+    )
+    costs = eng.calibrate(rows=[1, 4], context=8, repeats=1)
+    assert sorted(costs.target) == [1, 4] and all(sorted(v) == [1, 2, 3] for v in costs.target.values())
+    assert all(t > 0 for v in costs.target.values() for t in v.values()) and costs.draft[4] > 0
+    again = CostModel.from_dict(costs.to_dict())
+    assert again.target_seconds(2, 2) == costs.target_seconds(2, 2)
+
+
+def test_auto_config_errors():
+    with pytest.raises(ValueError, match="max_draft_tokens is only"):
+        EngineConfig(num_draft_tokens=3, max_draft_tokens=4)
+    with pytest.raises(ValueError, match="max_draft_tokens must be >= 1"):
+        EngineConfig(num_draft_tokens="auto", max_draft_tokens=0)
+    with pytest.raises(ValueError, match='num_draft_tokens must be an int >= 1 or "auto"'):
+        EngineConfig(num_draft_tokens="7")
+    assert EngineConfig(num_draft_tokens="auto").max_draft_tokens == 7
