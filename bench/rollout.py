@@ -1,11 +1,18 @@
 """Rollout pool costs side by side in one run: the engine called in-process, the pool with 1 actor on
 the same single request (the Ray hop: ratio = pool / in-process), the pool with 2 actors (the batch
-split in two), one weight update of the target through the object store, and a probe of how far two
-single-thread processes overlap on this machine (``cpu_probe.parallel_speedup``: read speedup_2_actors
-against it).
+split in two), weight updates through the object store, and a probe of how far two single-thread
+processes overlap on this machine (``cpu_probe.parallel_speedup``: read speedup_2_actors against it).
 
-    python bench/rollout.py            # Qwen3-architecture target of ~6.6M params, random weights
-    python bench/rollout.py --prompts 16 --new-tokens 32 --repeats 3
+Weight updates: the pool's path (``RolloutPool.update_weights``: cast to the worker's dtype and trimmed
+on the driver, numpy buffers Ray stores out of band and the actor reads in place) against the path it
+replaced, kept here as the slow reference (``legacy_update``: ``ray.put(to_state_dict(...))`` in the
+trainer's dtype, torch tensors pickled by copy, every key). Repeats alternate which path goes first;
+medians are reported. ``weight_update``: the bench target on the 1-actor pool; ``weight_update_large``:
+a ``--update-mb`` state dict in ``--trainer-dtype`` sent to a 1-actor pool in ``--worker-dtype`` (the
+audit's case: an fp32 trainer, a bf16 worker).
+
+    python bench/rollout.py            # Qwen3-architecture target of ~6.6M params; 1 GB fp32 -> bf16 update
+    python bench/rollout.py --prompts 16 --new-tokens 32 --repeats 3 --update-mb 0
 
 Every configuration runs with one torch thread per worker (in-process too) so the comparison is fair on
 a small machine; actors ask Ray for ``--cpus-per-actor`` CPUs each. Starts a local Ray cluster unless one
@@ -25,7 +32,7 @@ import time
 import torch
 
 from marsrl.engine import SamplingParams
-from marsrl.rollout import PoolConfig, RolloutPool, RolloutWorker, WorkerConfig, plan_requests
+from marsrl.rollout import PoolConfig, RolloutPool, RolloutWorker, WorkerConfig, plan_requests, to_state_dict
 from marsrl.testing import tiny_causal_lm
 
 
@@ -44,6 +51,61 @@ def timed(fn, repeats: int) -> tuple[float, object]:
         out = fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times), out
+
+
+def sized_target(mb: float, dtype: str, seed: int):
+    """A Qwen3-architecture model whose state dict is about ``mb`` MiB in ``dtype`` (hidden 1024, vocab
+    32768, as many layers as it takes; ~9.4M parameters a layer, 67M in the embeddings)."""
+    hidden, vocab = 1024, 32768
+    params = mb * 2**20 / torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    layers = max(1, round((params - 2 * vocab * hidden) / (9 * hidden * hidden + 2 * hidden)))
+    model = tiny_causal_lm(vocab=vocab, hidden=hidden, layers=layers, seed=seed, max_positions=2048)
+    return model.to(getattr(torch, dtype))
+
+
+def legacy_update(pool: RolloutPool, weights) -> dict:
+    """The update path the pool used before packing, the slow reference: the trainer's state dict in
+    its own dtype with every key, ``ray.put`` (torch tensors pickled by copy), every actor loads it. The
+    version is left as it is."""
+    import ray
+
+    start = time.perf_counter()
+    ref = ray.put(to_state_dict(weights))
+    put_s = time.perf_counter() - start
+    ray.get([a.update_weights.remote(ref, None, pool.version) for a in pool.actors])
+    seconds = time.perf_counter() - start
+    sent = sum(t.numel() * t.element_size() for t in to_state_dict(weights).values())
+    return {"seconds": seconds, "put_seconds": put_s, "sent_bytes": sent}
+
+
+def compare_updates(pool: RolloutPool, weights, repeats: int) -> dict:
+    """legacy_update vs pool.update_weights (same version kept), after one warm-up each, ``repeats``
+    rounds alternating which goes first; medians, every time, bytes sent, ratio old / new."""
+
+    def new() -> dict:
+        out = pool.update_weights(weights, version=pool.version)
+        return {k: out[k] for k in ("seconds", "put_seconds", "sent_bytes")}
+
+    paths = {"old": lambda: legacy_update(pool, weights), "new": new}
+    last = {name: fn() for name, fn in paths.items()}  # warm-up
+    times: dict = {"old": [], "new": []}
+    for r in range(repeats):
+        for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
+            last[name] = paths[name]()
+            times[name].append(last[name]["seconds"])
+    out = {"mb": sum(t.numel() * t.element_size() for t in to_state_dict(weights).values()) / 2**20}
+    for name in paths:
+        out[name] = {
+            "seconds": statistics.median(times[name]),
+            "put_seconds": last[name]["put_seconds"],
+            "sent_mb": last[name]["sent_bytes"] / 2**20,
+            "times": times[name],
+        }
+    out["ratio_old_over_new"] = out["old"]["seconds"] / out["new"]["seconds"]
+    out["zero_copy_env"] = os.environ.get(
+        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS"
+    )  # legacy's speed depends on it
+    return out
 
 
 def parallel_probe(cpus: float) -> dict:
@@ -82,6 +144,9 @@ def main(argv=None) -> dict:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cpus-per-actor", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--update-mb", type=float, default=1024, help="size of the large update; 0: skip it")
+    p.add_argument("--trainer-dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--worker-dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True, help="run cpu_probe")
     args = p.parse_args(argv)
 
@@ -122,12 +187,22 @@ def main(argv=None) -> dict:
             if actors == 1:
                 same = [t.completion_ids for t in trajs] == [t.completion_ids for t in local]
                 out["pool_1"]["equals_in_process"] = same
-                update_s, sync = timed(lambda pool=pool: pool.update_weights(target), args.repeats)
-                out["weight_update"] = {
-                    "mb": sum(t.numel() * t.element_size() for t in target.state_dict().values()) / 2**20,
-                    "seconds": update_s,
-                    "put_seconds": sync["put_seconds"],
-                }
+                out["weight_update"] = compare_updates(pool, target, args.repeats)
+    if args.update_mb > 0:
+        trainer = sized_target(args.update_mb, args.trainer_dtype, args.seed)
+        cfg = PoolConfig(
+            worker=WorkerConfig(dtype=args.worker_dtype, torch_threads=1),
+            num_actors=1,
+            num_cpus_per_actor=args.cpus_per_actor,
+        )
+        with RolloutPool(cfg, target=trainer) as pool:
+            large = compare_updates(pool, trainer, args.repeats)
+        out["weight_update_large"] = {
+            "trainer_dtype": args.trainer_dtype,
+            "worker_dtype": args.worker_dtype,
+            **large,
+        }
+        del trainer
     if args.probe:
         out["cpu_probe"] = parallel_probe(args.cpus_per_actor)
     out["ray_hop_ratio"] = out["pool_1"]["seconds"] / t_local

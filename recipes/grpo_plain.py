@@ -70,7 +70,7 @@ class RecipeConfig:
     max_grad_norm: float = 1.0
     num_actors: int = 1
     num_cpus_per_actor: float = 1.0
-    num_gpus_per_actor: float = 0.0
+    num_gpus_per_actor: float | None = None  # None: 1 per actor when this machine has CUDA, else 0 (CPU)
     seed: int = 0
 
     def __post_init__(self):
@@ -81,9 +81,17 @@ class RecipeConfig:
 def parse_args(argv=None) -> RecipeConfig:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for f in dataclasses.fields(RecipeConfig):
-        kind = str if f.default is None else type(f.default)
+        kind = (float if f.type.startswith("float") else str) if f.default is None else type(f.default)
         parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default, help="%(default)s")
     return RecipeConfig(**vars(parser.parse_args(argv)))
+
+
+def actor_gpus(requested: float | None, cuda_available: bool) -> float:
+    """GPUs each rollout actor asks Ray for: ``requested``, or by default one when CUDA is present (a
+    zero-GPU actor would run its rollouts on the CPU) and none on a CPU machine."""
+    if requested is not None:
+        return requested
+    return 1.0 if cuda_available else 0.0
 
 
 def encode(tokenizer, question: str) -> list[int]:
@@ -126,7 +134,7 @@ def main(argv=None, reward_fn=gsm8k_reward) -> list[dict]:
             worker=worker,
             num_actors=cfg.num_actors,
             num_cpus_per_actor=cfg.num_cpus_per_actor,
-            num_gpus_per_actor=cfg.num_gpus_per_actor,
+            num_gpus_per_actor=actor_gpus(cfg.num_gpus_per_actor, torch.cuda.is_available()),
         )
     )
     history = []

@@ -22,26 +22,40 @@ Using the pool from any trainer (no TRL needed)::
 from .actor import RolloutActor
 from .config import PoolConfig, WorkerConfig
 from .local import LocalPool
+from .placement import resolve_device
 from .pool import RolloutError, RolloutPool, batch_metrics
 from .requests import RolloutRequest, check_prompts, plan_requests, request_seed
-from .weights import gather_zero3_state_dict, load_weights_, to_state_dict
+from .weights import (
+    PackedState,
+    StateSpec,
+    gather_zero3_state_dict,
+    load_weights_,
+    pack_state,
+    state_spec,
+    to_state_dict,
+)
 from .worker import RolloutWorker, check_drafter_matches
 
 __all__ = [
     "LocalPool",
+    "PackedState",
     "PoolConfig",
     "RolloutActor",
     "RolloutError",
     "RolloutPool",
     "RolloutRequest",
     "RolloutWorker",
+    "StateSpec",
     "WorkerConfig",
     "batch_metrics",
     "check_drafter_matches",
     "check_prompts",
     "gather_zero3_state_dict",
     "load_weights_",
+    "pack_state",
     "plan_requests",
     "request_seed",
+    "resolve_device",
+    "state_spec",
     "to_state_dict",
 ]

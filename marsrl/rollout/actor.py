@@ -11,11 +11,12 @@ from .worker import RolloutWorker
 
 
 class _RolloutShell:
-    """Holds one RolloutWorker in the actor's process. ``target`` / ``drafter``: modules (or None),
-    resolved by Ray from object refs before the constructor runs."""
+    """Holds one RolloutWorker in the actor's process. ``target`` / ``drafter``: modules or ``propose``
+    objects (or None), resolved by Ray from object refs before the constructor runs; ``num_gpus``: the
+    GPUs this actor was given (the worker resolves its device from it)."""
 
-    def __init__(self, config: WorkerConfig, target=None, drafter=None):
-        self.worker = RolloutWorker(config, target=target, drafter=drafter)
+    def __init__(self, config: WorkerConfig, target=None, drafter=None, num_gpus: float | None = None):
+        self.worker = RolloutWorker(config, target=target, drafter=drafter, num_gpus=num_gpus)
 
     def info(self) -> dict:
         return self.worker.info()
@@ -25,6 +26,9 @@ class _RolloutShell:
 
     def update_weights(self, policy=None, draft=None, version=None) -> dict:
         return self.worker.update_weights(policy, draft, version=version)
+
+    def weight_spec(self) -> dict:
+        return self.worker.weight_spec()
 
     def sleep(self, level: int = 1) -> dict:
         return self.worker.sleep(level)

@@ -23,7 +23,7 @@ class WorkerConfig:
     target: str | None = None  # folder or hub id of the policy (None: a module is passed in code)
     drafter: str | None = None  # EAGLE-3 head folder or hub id; None: plain sampling (or a module in code)
     engine: EngineConfig = field(default_factory=EngineConfig)
-    device: Device = "auto"  # "auto": cuda when available, else cpu
+    device: Device = "auto"  # "auto": cuda when available, else cpu (in a pool with 0 GPUs per actor: cpu)
     dtype: Dtype = "auto"  # "auto": the checkpoint's (or the module's) dtype
     torch_threads: int | None = None  # torch.set_num_threads in the worker's process; None: leave as is
 
@@ -45,12 +45,17 @@ class PoolConfig:
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     num_actors: int = 1
     num_cpus_per_actor: float = 1.0  # Ray resources of each actor (fractions allowed)
+    # 0: the actors run on the CPU (device "auto" resolves there; "cuda" is refused at pool start);
+    # 0 < g < 1: each actor may allocate that share of its GPU's memory
     num_gpus_per_actor: float = 0.0
     placement_strategy: Strategy | None = "PACK"  # one placement-group bundle per actor; None: no group
     address: str | None = None  # a running cluster ("auto", "ray://host:port") if Ray is not started yet
     prompts_per_request: int | None = None  # None: one request per actor; else fixed-size requests
     max_attempts: int = 3  # tries per request when its actor dies (a Python error is never retried)
     start_timeout_s: float = 600.0  # actors and placement group must be ready within this
+    # a request with no result this long after dispatch is treated as a dead actor: the actor is killed
+    # and replaced (latest weights) and the request re-run, as one of its max_attempts; None: no timeout
+    request_timeout_s: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.worker, WorkerConfig):
@@ -70,6 +75,10 @@ class PoolConfig:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if not self.start_timeout_s > 0:
             raise ValueError(f"start_timeout_s must be > 0, got {self.start_timeout_s}")
+        if self.request_timeout_s is not None and not self.request_timeout_s > 0:
+            raise ValueError(
+                f"request_timeout_s must be None (no timeout) or > 0, got {self.request_timeout_s}"
+            )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], where: str = "pool config") -> PoolConfig:

@@ -2,10 +2,17 @@
 version it holds, and sleep / wake for sharing a device with a trainer. A plain class: the Ray actor
 (``actor.py``) is a thin shell around it, and tests build it without Ray.
 
+Device: ``placement.resolve_device`` from ``config.device`` and the GPUs Ray granted the process
+(``num_gpus``; None outside Ray): "auto" with 0 GPUs is the CPU (``info()["device_reason"]`` says why), a
+fractional GPU caps this process's CUDA memory at that fraction.
+
 Sleep / wake (``sleep(level)``, ``wake()``):
-- On GPU, level 1 copies every parameter to host memory and frees the device copy (``empty_cache``);
-  ``wake`` copies them back. Level 2 drops them: after ``wake`` the worker refuses to generate until
-  ``update_weights`` (what a colocated trainer sends anyway). Buffers (RoPE tables, vocab maps) stay.
+- On GPU, level 1 copies every parameter into page-locked host memory (one flat buffer per dtype,
+  asynchronous copies, one synchronisation) and frees the device copy (``empty_cache``); ``wake`` copies
+  them back the same way. The pinned buffer (the models' size) is kept after ``wake`` for the next
+  level-1 sleep, since page-locking it is the slow part; level 2 frees it. Level 2 drops the parameters:
+  after ``wake`` the worker refuses to generate until ``update_weights`` (what a colocated trainer sends
+  anyway). Buffers (RoPE tables, vocab maps) stay.
 - On CPU host memory IS the device: level 1 moves the parameters out of the modules into a stored state
   (nothing is freed, nothing copied: the point is the same life cycle as on GPU); level 2 frees them.
 KV caches exist only inside a ``generate`` call, so there is nothing else to release.
@@ -25,8 +32,9 @@ from torch import nn
 
 from ..engine import SpeculativeEngine, Trajectory
 from .config import WorkerConfig
+from .placement import apply_gpu_share, resolve_device
 from .requests import RolloutRequest, check_prompts
-from .weights import copy_pairs_, match_state, to_state_dict
+from .weights import StateSpec, copy_pairs_, match_state, state_spec, to_state_dict
 
 _EMBED_KEY = "embed_tokens.weight"
 _TOTAL_KEYS = ("target_forwards", "draft_forwards", "drafted", "accepted", "relaxed", "rounds", "tokens")
@@ -40,13 +48,19 @@ class RolloutWorker:
         target: an already-built causal LM to use instead of ``config.target`` (taken over, not copied:
             ``update_weights`` writes into it).
         drafter: an Eagle3Drafter (or any object with ``propose``) instead of ``config.drafter``.
+        num_gpus: GPUs Ray reserved for this process (the pool passes ``num_gpus_per_actor``); None for
+            a process Ray does not manage. Decides what device "auto" means (``placement.py``).
     """
 
-    def __init__(self, config: WorkerConfig | None = None, *, target=None, drafter=None):
+    def __init__(
+        self, config: WorkerConfig | None = None, *, target=None, drafter=None, num_gpus: float | None = None
+    ):
         self.config = config = config or WorkerConfig()
         if config.torch_threads is not None:
             torch.set_num_threads(config.torch_threads)
-        self.device = _resolve_device(config.device)
+        device, self.device_reason = resolve_device(config.device, num_gpus, torch.cuda.is_available())
+        self.device = torch.device(device)
+        self.gpu_memory_fraction = apply_gpu_share(device, num_gpus)
         target_src = target if target is not None else config.target
         drafter_src = drafter if drafter is not None else config.drafter
         self.target_name, self.drafter_name = source_name(target_src), source_name(drafter_src)
@@ -54,7 +68,13 @@ class RolloutWorker:
         self.drafter = load_drafter(drafter_src, self.target, self.target_name, config.dtype)
         self.engine = SpeculativeEngine(self.target, self.drafter, config.engine)
         self.version = 0  # weights as loaded; update_weights sets it
+        has_head = isinstance(self.drafter, nn.Module)
+        self._specs = {
+            "policy": state_spec(self.target),
+            "draft": state_spec(self.drafter, self._draft_skip()) if has_head else None,
+        }
         self._stored: dict[tuple[str, str], torch.Tensor] | None = None
+        self._pinned: dict[tuple[str, str], torch.Tensor] | None = None  # CUDA sleep's host buffer views
         self._shapes: dict[tuple[str, str], torch.Size] = {}
         self._asleep = False
         self._missing: set[str] = set()  # weights to be sent before generating (after a level-2 wake)
@@ -97,10 +117,11 @@ class RolloutWorker:
     def update_weights(self, policy=None, draft=None, version: int | None = None) -> dict:
         """Load new policy (target) and/or draft weights in place and set the version.
 
-        ``policy`` / ``draft``: a state dict, an nn.Module or a DeepSpeed engine (see ``to_state_dict``);
-        keys must match exactly (a tied alias may be omitted). A drafter sharing the target's embedding
-        takes it from the policy: an ``embed_tokens.weight`` in ``draft`` is then ignored.
-        ``version``: what trajectories record from now on (default: current + 1). Returns metrics."""
+        ``policy`` / ``draft``: a state dict, an nn.Module, a DeepSpeed engine or a PackedState (see
+        ``to_state_dict``); keys must match exactly (a tied alias may be omitted). A drafter sharing the
+        target's embedding takes it from the policy: an ``embed_tokens.weight`` in ``draft`` is then
+        ignored. ``version``: what trajectories record from now on (default: current + 1). Returns
+        metrics: ``bytes`` received (as sent, before any cast here) and their ``received_dtypes``."""
         if self._asleep:
             raise RuntimeError("the worker is asleep: call wake() before update_weights()")
         start = time.perf_counter()
@@ -112,10 +133,18 @@ class RolloutWorker:
                 raise ValueError("draft weights were sent but this worker has no drafter module")
             what = f"draft ({self.drafter_name})"
             pairs += match_state(self.drafter, to_state_dict(draft), what, skip=self._draft_skip())
+        received = sorted({str(src.dtype).removeprefix("torch.") for _, src in pairs})
         copied = copy_pairs_(pairs)
         self._missing -= {name for name, w in (("policy", policy), ("draft", draft)) if w is not None}
         self.version = self.version + 1 if version is None else int(version)
-        return {"version": self.version, "bytes": copied, "seconds": time.perf_counter() - start}
+        seconds = time.perf_counter() - start
+        return {"version": self.version, "bytes": copied, "received_dtypes": received, "seconds": seconds}
+
+    def weight_spec(self) -> dict[str, StateSpec | None]:
+        """What ``update_weights`` loads, per side ("policy", "draft"; None: no drafter module): every
+        key's shape and dtype, tied aliases, ignored keys. A pool casts and trims weights to it before
+        sending them."""
+        return dict(self._specs)
 
     # ------------------------------------------------------------------ memory
     def sleep(self, level: int = 1) -> dict:
@@ -124,17 +153,27 @@ class RolloutWorker:
             raise ValueError(f"sleep level must be 1 (keep weights in host memory) or 2 (drop), got {level}")
         if self._asleep:
             return {"released_bytes": 0}
-        stored: dict[tuple[str, str], torch.Tensor] = {}
-        released = 0
+        owned = {}  # parameters with storage of their own (the shared embedding is the target's)
         for key, param in self._parameters():
             self._shapes[key] = param.shape
-            view = key == ("drafter", _EMBED_KEY) and self._embedding_shared()  # the target's storage
-            if not view:
-                released += param.numel() * param.element_size()
-                if level == 1:
-                    stored[key] = param.data if param.device.type == "cpu" else param.data.to("cpu")
+            if not (key == ("drafter", _EMBED_KEY) and self._embedding_shared()):
+                owned[key] = param
+        released = sum(p.numel() * p.element_size() for p in owned.values())
+        if level == 2:
+            self._stored = self._pinned = None
+        elif self.device.type == "cuda":
+            layout = {key: (p.shape, p.dtype) for key, p in owned.items()}
+            if self._pinned is None or {k: (v.shape, v.dtype) for k, v in self._pinned.items()} != layout:
+                self._pinned = None  # free the old buffer before pinning a new one
+                self._pinned = host_views(layout, pin=True)
+            for key, param in owned.items():
+                self._pinned[key].copy_(param.data, non_blocking=True)
+            torch.cuda.synchronize(self.device)  # the host copy is complete before device memory goes
+            self._stored = dict(self._pinned)
+        else:
+            self._stored = {key: param.data for key, param in owned.items()}  # host memory is the device
+        for _, param in self._parameters():
             param.data = torch.empty(0, dtype=param.dtype, device=param.device)
-        self._stored = stored if level == 1 else None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self._asleep = True
@@ -151,9 +190,15 @@ class RolloutWorker:
             kept = self._stored.get(key) if self._stored is not None else None
             if kept is None:
                 param.data = torch.empty(self._shapes[key], dtype=param.dtype, device=self.device)
-            else:
-                param.data = kept.to(self.device)
+            elif kept.device == self.device:
+                param.data = kept
                 restored += kept.numel() * kept.element_size()
+            else:  # from the pinned buffer, asynchronously; synchronised once below
+                param.data = torch.empty(kept.shape, dtype=kept.dtype, device=self.device)
+                param.data.copy_(kept, non_blocking=True)
+                restored += kept.numel() * kept.element_size()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the pinned buffer may be reused by the next sleep
         if self._embedding_shared():
             self.drafter.share_embedding(self.target)
         if self._stored is None:
@@ -173,6 +218,8 @@ class RolloutWorker:
             "target": self.target_name,
             "drafter": self.drafter_name,
             "device": str(self.device),
+            "device_reason": self.device_reason,
+            "gpu_memory_fraction": self.gpu_memory_fraction,
             "pid": os.getpid(),
         }
 
@@ -222,7 +269,25 @@ def source_name(source) -> str | None:
         return str(source)
     cfg = getattr(source, "config", None)
     name = getattr(cfg, "name_or_path", None) or getattr(cfg, "_name_or_path", None)
-    return f"{type(source).__name__}({name})" if name else f"<{type(source).__name__} module>"
+    kind = "module" if isinstance(source, nn.Module) else "object"
+    return f"{type(source).__name__}({name})" if name else f"<{type(source).__name__} {kind}>"
+
+
+def host_views(layout: dict, pin: bool) -> dict:
+    """Host tensors for ``layout`` (key -> (shape, dtype)) laid back to back in one flat buffer per dtype,
+    page-locked when ``pin`` (CUDA only): one allocation per dtype instead of one per tensor, and
+    device <-> host copies that run asynchronously at full bus speed. Returns key -> view (its shape)."""
+    sizes: dict[torch.dtype, int] = {}
+    for shape, dtype in layout.values():
+        sizes[dtype] = sizes.get(dtype, 0) + torch.Size(shape).numel()
+    flat = {dtype: torch.empty(n, dtype=dtype, pin_memory=pin) for dtype, n in sizes.items()}
+    offsets = dict.fromkeys(sizes, 0)
+    views = {}
+    for key, (shape, dtype) in layout.items():
+        n = torch.Size(shape).numel()
+        views[key] = flat[dtype][offsets[dtype] : offsets[dtype] + n].view(shape)
+        offsets[dtype] += n
+    return views
 
 
 def load_target(source, device: torch.device, dtype: str) -> nn.Module:
@@ -330,14 +395,6 @@ def _read_head_config(source):
         raise FileNotFoundError(
             f"EAGLE-3 head {str(source)!r} is neither a local folder nor fetchable from the hub ({err})"
         ) from err
-
-
-def _resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but no CUDA device is visible to this process")
-    return torch.device(device)
 
 
 def _torch_dtype(name: str) -> torch.dtype | None:

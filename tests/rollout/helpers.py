@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 
 import torch
 
@@ -53,6 +54,25 @@ def tiny_head(target, seed: int = 1) -> Eagle3Drafter:
     """A random EAGLE-3 head for ``target`` (shares its embedding)."""
     torch.manual_seed(seed)
     return Eagle3Drafter.from_target(target)
+
+
+class StallOnce:
+    """A ``propose`` drafter that drafts as ``inner`` does, except that the first call to find the file
+    ``armed`` (in any process) renames it away and then sleeps ``seconds``: a rollout actor that hangs
+    mid-request while its process stays alive. The rename is atomic, so exactly one call stalls and a
+    replacement actor built from the same pickled drafter does not stall again."""
+
+    def __init__(self, inner, armed: str, seconds: float = 600.0):
+        self.inner, self.armed, self.seconds = inner, str(armed), seconds
+
+    def propose(self, sequences, k):
+        try:
+            os.rename(self.armed, self.armed + ".fired")
+        except FileNotFoundError:
+            pass
+        else:
+            time.sleep(self.seconds)
+        return self.inner.propose(sequences, k)
 
 
 def record(t) -> tuple:

@@ -166,6 +166,11 @@ def test_update_weights_changes_output_and_version(pool, models):
     try:
         sync = pool.update_weights(target, draft=head)
         assert sync["version"] == old + 1 == pool.version and sync["bytes"] > 0
+        sizes = {k: t.numel() * t.element_size() for k, t in head.state_dict().items()}
+        assert "embed_tokens.weight" in sizes  # the head shares it with the target: not sent again
+        head_bytes = sum(sizes.values()) - sizes["embed_tokens.weight"]
+        target_bytes = sum(t.numel() * t.element_size() for t in target.state_dict().values())
+        assert sync["sent_bytes"] == sync["bytes"] == target_bytes + head_bytes
         after = pool.generate(PROMPTS, SAMPLING)
         assert {t.policy_version for t in after} == {old + 1}
         assert [t.completion_ids for t in after] != [t.completion_ids for t in before]

@@ -73,3 +73,12 @@ def test_gsm8k_reward_is_the_default():
     from marsrl.data import gsm8k_reward
 
     assert inspect.signature(load_recipe().main).parameters["reward_fn"].default is gsm8k_reward
+
+
+def test_actors_ask_for_a_gpu_when_the_machine_has_one():
+    recipe = load_recipe()
+    assert recipe.parse_args([]).num_gpus_per_actor is None
+    assert recipe.parse_args(["--num-gpus-per-actor", "0.5"]).num_gpus_per_actor == 0.5
+    assert recipe.actor_gpus(None, cuda_available=True) == 1.0  # not 0: that meant rollouts on cuda:0
+    assert recipe.actor_gpus(None, cuda_available=False) == 0.0
+    assert recipe.actor_gpus(0.5, cuda_available=True) == 0.5

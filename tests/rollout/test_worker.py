@@ -9,6 +9,7 @@ import torch
 from marsrl.drafter import Eagle3Drafter
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
 from marsrl.rollout import RolloutWorker, WorkerConfig, plan_requests
+from marsrl.rollout.worker import host_views
 from tests.rollout.helpers import record, tiny_head, tiny_qwen3
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7], [9], [10, 11]]
@@ -172,3 +173,23 @@ def test_missing_target_is_a_clear_error():
         RolloutWorker(WorkerConfig())
     with pytest.raises(FileNotFoundError, match="neither a local model folder nor fetchable"):
         RolloutWorker(WorkerConfig(target="/nonexistent/model-folder"))
+
+
+def test_sleep_buffers_round_trip():
+    """The host layout a CUDA sleep copies into (page-locked there; here, without CUDA, not pinned): one
+    flat buffer per dtype, every tensor back exactly, whatever its dtype or shape."""
+    tensors = {
+        ("target", "a"): torch.randn(3, 4),
+        ("target", "b"): torch.randn(5).to(torch.bfloat16),
+        ("target", "c"): torch.randn(2, 2, 2),
+        ("drafter", "d2t"): torch.arange(6).view(2, 3),
+        ("drafter", "scale"): torch.tensor(1.5),
+        ("drafter", "t2d"): torch.tensor([True, False, True]),
+    }
+    views = host_views({k: (v.shape, v.dtype) for k, v in tensors.items()}, pin=False)
+    for key, tensor in tensors.items():
+        views[key].copy_(tensor)
+    for key, tensor in tensors.items():
+        assert views[key].dtype == tensor.dtype and torch.equal(views[key], tensor), key
+    storages = {views[k].untyped_storage().data_ptr() for k in views}
+    assert len(storages) == 4  # float32, bfloat16, int64, bool
