@@ -1,14 +1,15 @@
 """Adaptive speculation (``EngineConfig(num_draft_tokens="auto", max_draft_tokens=K)``): each round the
 engine drafts the k in {0, ..., K} that maximises expected tokens per second for the live batch,
 
-    k* = argmax_k  rows * E[tokens | k] / (t_target(rows, k + 1) + k * t_draft(rows))
+    k* = argmax_k  rows * E[tokens | k] / t_round(rows, k)
 
     E[tokens | k] = 1 + sum_{j=1..k} prod_{i<=j} a_i        (a_i: P(draft i accepted | drafts < i were))
 
-k = 0 is a plain step (one target forward, no drafter).  The two time functions come from a
-``CostModel`` measured on the engine's own models (``SpeculativeEngine.calibrate``: timed target forwards
-over a grid of live batch sizes and widths, and timed draft steps), once per engine, then fixed; the a_i
-are running estimates from the rounds of the current ``generate`` call (``AcceptanceEstimates``).  The
+k = 0 is a plain step (one target forward, no drafter).  t_round comes from a ``CostModel`` measured on
+the engine's own models (``SpeculativeEngine.calibrate``: whole rounds timed at each k over a grid of
+live batch sizes, so drafting, verification and the host's bookkeeping are all in it), once per engine,
+then fixed; the a_i are running estimates from the rounds of the current ``generate`` call
+(``AcceptanceEstimates``).  The
 choice is therefore a pure function of the cost model, the call's own outcomes and its seed: the same
 engine reproduces the same K sequence.  Exactness does not depend on k: every round is verified by the
 same rule, and a chain of any length (0 included) is lossless under strict.
@@ -34,48 +35,52 @@ def _interp(xs: list[float], ys: list[float], x: float) -> float:
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
+def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares a + b x through the points with b >= 0 (a longer chain never costs less): eight
+    noisy round times become two numbers, so one slow measurement cannot flip the choice."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx, 0.0) if sxx else 0.0
+    return my - slope * mx, slope
+
+
 @dataclass
 class CostModel:
-    """Measured seconds of one target forward for ``rows`` live rows and a block of ``width`` tokens
-    (``target[rows][width]``), and of one draft forward for ``rows`` rows (``draft[rows]``)."""
+    """Measured seconds of one whole round (draft, target forward, verification, commit, record) for
+    ``rows`` live rows drafting k tokens: ``rounds[rows][k]``, k = 0 a plain step.  The model is a line
+    in k per measured batch size (least squares, slope >= 0), interpolated linearly between sizes."""
 
-    target: dict[int, dict[int, float]] = field(default_factory=dict)
-    draft: dict[int, float] = field(default_factory=dict)
+    rounds: dict[int, dict[int, float]] = field(default_factory=dict)
 
-    def target_seconds(self, rows: int, width: int) -> float:
-        grid = sorted(self.target)
-        per_rows = []
+    def round_seconds(self, rows: int, k: int) -> float:
+        grid = sorted(self.rounds)
+        at_k = []
         for r in grid:
-            ws = sorted(self.target[r])
-            per_rows.append(_interp(ws, [self.target[r][w] for w in ws], width))
-        return max(_interp(grid, per_rows, rows), 1e-9)
-
-    def draft_seconds(self, rows: int) -> float:
-        if not self.draft:
-            return 0.0
-        grid = sorted(self.draft)
-        return max(_interp(grid, [self.draft[r] for r in grid], rows), 0.0)
+            ks = sorted(self.rounds[r])
+            a, b = _line(ks, [self.rounds[r][j] for j in ks])
+            at_k.append(a + b * k)
+        return max(_interp(grid, at_k, rows), 1e-9)
 
     def to_dict(self) -> dict:
-        return {
-            "target": {str(r): {str(w): t for w, t in ws.items()} for r, ws in self.target.items()},
-            "draft": {str(r): t for r, t in self.draft.items()},
-        }
+        return {"rounds": {str(r): {str(k): t for k, t in ks.items()} for r, ks in self.rounds.items()}}
 
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
         return cls(
-            target={int(r): {int(w): float(t) for w, t in ws.items()} for r, ws in d["target"].items()},
-            draft={int(r): float(t) for r, t in d.get("draft", {}).items()},
+            rounds={int(r): {int(k): float(t) for k, t in ks.items()} for r, ks in d["rounds"].items()}
         )
 
 
 class AcceptanceEstimates:
-    """Per-position conditional acceptance a_1..a_K with a Beta(prior_accept, prior_reject) prior."""
+    """Per-position conditional acceptance a_1..a_K.  Each position's estimate is shrunk towards the
+    pooled rate of all positions (``pool`` pseudo-observations), itself starting from 1/2: a position
+    the planner has stopped drafting keeps a fair guess instead of a frozen early one."""
 
-    def __init__(self, k_max: int, prior_accept: float = 1.0, prior_reject: float = 1.0):
-        self.accepted = [prior_accept] * k_max
-        self.reached = [prior_accept + prior_reject] * k_max
+    def __init__(self, k_max: int, pool: float = 4.0):
+        self.accepted = [0.0] * k_max
+        self.reached = [0.0] * k_max
+        self.pool = pool
 
     def update(self, drafted: int, accepted: int) -> None:
         """One row's round: ``drafted`` drafts verified, the first ``accepted`` of them kept."""
@@ -84,10 +89,14 @@ class AcceptanceEstimates:
             if j < accepted:
                 self.accepted[j] += 1
 
+    def rate(self, j: int) -> float:
+        pooled = (sum(self.accepted) + 1) / (sum(self.reached) + 2)
+        return (self.accepted[j] + self.pool * pooled) / (self.reached[j] + self.pool)
+
     def expected_tokens(self, k: int) -> float:
         total, run = 1.0, 1.0
         for j in range(k):
-            run *= self.accepted[j] / self.reached[j]
+            run *= self.rate(j)
             total += run
         return total
 
@@ -105,8 +114,7 @@ class KPlanner:
 
     def rate(self, rows: int, k: int) -> float:
         """Expected tokens per second of a round with k drafts for ``rows`` live rows."""
-        t = self.costs.target_seconds(rows, k + 1) + k * self.costs.draft_seconds(rows)
-        return rows * self.estimates.expected_tokens(k) / t
+        return rows * self.estimates.expected_tokens(k) / self.costs.round_seconds(rows, k)
 
     def choose(self, rows: int) -> int:
         if self.first:  # nothing observed yet: learn the acceptance of every position once
@@ -128,3 +136,16 @@ class KPlanner:
         for d, a in zip(drafted, accepted, strict=True):
             if d:
                 self.estimates.update(d, a)
+
+
+class FixedK:
+    """A planner that always drafts k (calibration runs, and tests)."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def choose(self, rows: int) -> int:
+        return self.k
+
+    def observe(self, drafted: list[int], accepted: list[int]) -> None:
+        pass

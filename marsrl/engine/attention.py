@@ -21,8 +21,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 NAME = "marsrl_sdpa"
 SUPPORTED = ("sdpa", "eager", NAME)
@@ -32,6 +30,8 @@ def gqa_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, s
     """query [B, H, T, hd], key / value [B, Hkv, S, hd], attention_mask [B, 1, T, S] additive.
 
     Returns (output [B, T, H, hd], None) like transformers' attention functions."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     groups = getattr(module, "num_key_value_groups", 1)
     bsz, heads, t, hd = query.shape
     if groups == 1 or t == 1 or attention_mask is None or kwargs.get("position_bias") is not None:
@@ -49,7 +49,12 @@ def gqa_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, s
     return out.reshape(bsz, heads, t, hd).transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(NAME, gqa_sdpa_attention)
+def _register() -> None:
+    """Make NAME known to transformers (on first use: importing its model utilities costs seconds)."""
+    from transformers import AttentionInterface
+
+    if NAME not in AttentionInterface._global_mapping:
+        AttentionInterface.register(NAME, gqa_sdpa_attention)
 
 
 def check_attention(model) -> None:
@@ -71,6 +76,7 @@ def target_attention(model):
     if before != "sdpa":
         yield
         return
+    _register()
     cfg._attn_implementation = NAME
     try:
         yield

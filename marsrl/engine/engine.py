@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from functools import partial
 
 import numpy as np
 import torch
@@ -36,7 +35,7 @@ import torch
 from ..trajectory import PER_TOKEN_FIELDS, Trajectory
 from ..verify import Provenance, sample_plain, verify_chain, verify_tree
 from ..verify.dist import sample_from_weights
-from .adaptive import CostModel, KPlanner
+from .adaptive import CostModel, FixedK, KPlanner
 from .attention import check_attention, target_attention
 from .cache import RaggedCache
 from .config import EngineConfig, SamplingParams
@@ -152,6 +151,14 @@ class SpeculativeEngine:
                 "use relax_prob 0 or 1 in the EngineConfig, or temperature > 0"
             )
         prompts = self._check_prompts(prompt_ids)
+        planner = None
+        if self._auto and self.drafter is not None:
+            if self.cost_model is None:
+                self.cost_model = self.calibrate()
+            planner = KPlanner(self.cost_model, self.config.max_draft_tokens)
+        return self._generate(prompts, sampling, planner)
+
+    def _generate(self, prompts: list[list[int]], sampling: SamplingParams, planner) -> list[Trajectory]:
         eos = self._eos_ids(sampling)
         gen = torch.Generator(device=self.device).manual_seed(sampling.seed)
         rows = [_Row(i, p) for i, p in enumerate(prompts) for _ in range(sampling.n)]
@@ -167,15 +174,11 @@ class SpeculativeEngine:
             host_syncs=0,
             cache_bytes_copied=0,
             k_per_round=[],
+            trace=[],  # per round: [start (s since the call began), live rows, k, wall seconds]
         )
         if self.config.profile:
-            totals.update(time=dict.fromkeys(_PHASES, 0.0), forward_by_width={}, trace=[])
+            totals.update(time=dict.fromkeys(_PHASES, 0.0), forward_by_width={})
         self._totals = totals
-        planner = None
-        if self._auto and self.drafter is not None:
-            if self.cost_model is None:
-                self.cost_model = self.calibrate()
-            planner = KPlanner(self.cost_model, self.config.max_draft_tokens)
         start = time.perf_counter()
         self._t0 = start
         with torch.inference_mode():
@@ -259,8 +262,9 @@ class SpeculativeEngine:
             if planner is not None:
                 per_row = [drafted] * len(rows) if isinstance(drafted, int) else drafted
                 planner.observe(per_row, [n - 1 for n in host["num_emitted"]])
-            if self.config.profile:
-                totals["trace"].append([round_start - self._t0, len(rows), width])
+            totals["trace"].append(
+                [round_start - self._t0, len(rows), width, time.perf_counter() - round_start]
+            )
         totals["cache_bytes_copied"] += tcache.bytes_copied
         if self._eagle is not None:
             totals["cache_bytes_copied"] += self._eagle.cache.bytes_copied
@@ -379,76 +383,31 @@ class SpeculativeEngine:
         return res, n, tree.draft_forwards, host
 
     # ------------------------------------------------------------------ adaptive speculation
-    def calibrate(self, rows: Sequence[int] | None = None, context: int = 64, repeats: int = 3):
-        """Measure a ``CostModel`` on this engine's models: the median of ``repeats`` timed target
-        forwards for each live batch size in ``rows`` (default: powers of two up to max_batch_size) and
-        each block width 1 .. K + 1, over a cache of ``context`` random tokens, and the same for one
-        draft forward.  Device-synchronised; a few hundred forwards in all."""
-        cfg = self.config
-        top = cfg.max_batch_size
-        rows = sorted(set(rows or [min(2**i, top) for i in range(top.bit_length() + 1)]))
-        k_max = self._k_max
+    def calibrate(self, rows: Sequence[int] | None = None, context: int = 128, repeats: int = 2):
+        """Measure a ``CostModel`` on this engine's models: whole rounds drafting k = 0 .. K tokens for
+        each live batch size in ``rows`` (default 1, 4, 16, ... up to max_batch_size) on random prompts of
+        ``context`` tokens; each figure is the median over ``repeats`` short runs of the rounds in which
+        every row was live.  On a GPU a round already ends in the engine's one device -> host copy, so
+        wall time per round is device time."""
+        top = self.config.max_batch_size
+        rows = sorted(set(rows or [*(4**i for i in range(8) if 4**i < top), top]))
         costs = CostModel()
-        dev = self.device
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        with torch.inference_mode():
-            for r in rows:
-                ctx = torch.randint(0, self.vocab_size, (r, context), generator=gen).to(dev)
-                costs.target[r] = {}
-                for w in range(1, k_max + 2):
-                    block = torch.randint(0, self.vocab_size, (r, w), generator=gen).to(dev)
-                    costs.target[r][w] = self._time(partial(self._calibration_forward, ctx, block), repeats)
-                if self._eagle is not None:
-                    costs.draft[r] = self._time(partial(self._calibration_draft, r, context), repeats)
-                elif self.drafter is not None:
-                    costs.draft[r] = self._time(partial(self._time_propose, ctx.tolist()), repeats)
+        gen = torch.Generator().manual_seed(0)
+        saved = self.stats
+        for r in rows:
+            prompts = torch.randint(0, self.vocab_size, (r, context), generator=gen).tolist()
+            costs.rounds[r] = {}
+            for k in range(self._k_max + 1):
+                sp = SamplingParams(max_new_tokens=3 * (k + 1), ignore_eos=True, seed=0)
+                times = []
+                for rep in range(repeats + 1):  # the first run warms up
+                    self._generate(prompts, sp, FixedK(k))
+                    if rep:
+                        times += [t for _, live, _, t in self._totals["trace"][1:] if live == r]
+                times.sort()
+                costs.rounds[r][k] = times[len(times) // 2] if times else float("nan")
+        self.stats = saved
         return costs
-
-    def _calibration_forward(self, ctx, block):
-        cache = RaggedCache(ctx.shape[0], self.device, capacity=ctx.shape[1] + block.shape[1])
-        n, w = ctx.shape[1], block.shape[1]
-        causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril().unsqueeze(0)
-        pos = torch.arange(n, device=self.device).expand(ctx.shape[0], n)
-        self._target_hidden(ctx, pos, cache.attention_mask(causal, self._dtype), cache)
-        rows = len(pos)
-        cache.set_rows(torch.zeros_like(pos[:, 0]), torch.full_like(pos[:, 0], n), [0] * rows, [n] * rows)
-        causal = torch.ones(w, w, dtype=torch.bool, device=self.device).tril().unsqueeze(0)
-        mask = cache.attention_mask(causal, self._dtype)
-        start = time.perf_counter()
-        self._sync()
-        block_pos = n + torch.arange(w, device=self.device).expand(rows, w)
-        hidden, _ = self._target_hidden(block, block_pos, mask, cache)
-        self._lm_head(hidden)
-        self._sync()
-        return time.perf_counter() - start
-
-    def _calibration_draft(self, r: int, context: int) -> float:
-        d = self._eagle.drafter
-        dev = self.device
-        cache = RaggedCache(r, dev, capacity=context + 2)
-        hid = d.config.hidden_size
-        feats = torch.zeros(r, context, hid, dtype=self._eagle.dtype, device=dev)
-        toks = torch.zeros(r, context, dtype=torch.long, device=dev)
-        pos = torch.arange(context, device=dev).expand(r, context)
-        causal = torch.ones(context, context, dtype=torch.bool, device=dev).tril().unsqueeze(0)
-        _, h = d(toks, feats, pos, cache.cache, cache.attention_mask(causal, self._eagle.dtype))
-        cache.set_rows(pos[:, 0] * 0, pos[:, 0] * 0 + context, [0] * r, [context] * r)
-        mask = cache.lockstep_mask(1, self._eagle.dtype)
-        start = time.perf_counter()
-        self._sync()
-        d(toks[:, :1], h[:, -1:], pos[:, -1:] + 1, cache.cache, mask)
-        self._sync()
-        return time.perf_counter() - start
-
-    def _time_propose(self, seqs) -> float:
-        start = time.perf_counter()
-        self.drafter.propose(seqs, 1)
-        return time.perf_counter() - start
-
-    def _time(self, fn, repeats: int) -> float:
-        fn()  # warm-up
-        out = sorted(fn() for _ in range(repeats))
-        return out[len(out) // 2]
 
     # ------------------------------------------------------------------ pieces
     @property

@@ -38,7 +38,7 @@ def test_at_most_two_syncs_per_round(qwen, mode):
         "mars": EngineConfig(num_draft_tokens=5, rule="mars"),
         "auto": EngineConfig(num_draft_tokens="auto", max_draft_tokens=4),
     }
-    costs = CostModel(target={1: {w: 1.0 + 0.2 * w for w in range(1, 6)}}, draft={1: 0.05})
+    costs = CostModel(rounds={1: {k: 1.2 + 0.25 * k for k in range(5)}})
     eng = SpeculativeEngine(qwen, None if mode == "plain" else head, cfgs[mode], cost_model=costs)
     # one row: rows never leave the batch early, so every round is an ordinary round
     per_round, where = _syncs_per_round(eng, [[1, 2, 3]], SamplingParams(max_new_tokens=24, ignore_eos=True))
@@ -148,9 +148,9 @@ def test_pairs_appended_over_plain_steps_absorb_like_pairs_absorbed_each_round(q
 
 
 # ---------------------------------------------------------------------------------- adaptive speculation
-# a cost model where a block of w tokens costs 1 + 0.3 w and a draft step 0.05: the best k moves with
-# the acceptance estimates, so K varies between rounds
-VARYING = CostModel(target={1: {w: 1.0 + 0.3 * w for w in range(1, 7)}}, draft={1: 0.05})
+# a cost model where a round drafting k tokens costs 1.3 + 0.35 k: the best k moves with the acceptance
+# estimates, so K varies between rounds
+VARYING = CostModel(rounds={1: {k: 1.3 + 0.35 * k for k in range(6)}})
 
 
 def test_auto_strict_greedy_equals_hf_with_k_varying(target):
@@ -181,7 +181,7 @@ def test_auto_strict_sampling_matches_exact_joint(small):
     """N = 60k completions of 3 tokens (seed 21) with k chosen per round (K then zero-length chains)."""
     cfg = EngineConfig(num_draft_tokens="auto", max_draft_tokens=3, max_batch_size=60_000)
     # width-proportional cost: after the first (exploring) round plain steps win, so later rounds are k = 0
-    costs = CostModel(target={1: {w: float(w) for w in range(1, 5)}}, draft={1: 0.0})
+    costs = CostModel(rounds={1: {k: float(k + 1) for k in range(4)}})
     eng = SpeculativeEngine(small, Eagle3Drafter.from_target(small), cfg, cost_model=costs)
     assert_distribution(sample_index(eng), exact_joint(small), "auto")
     assert eng.stats["accepted"] > 1000
@@ -193,10 +193,25 @@ def test_calibrate_measures_every_batch_and_width(qwen):
         qwen, Eagle3Drafter.from_target(qwen), EngineConfig(num_draft_tokens="auto", max_draft_tokens=2)
     )
     costs = eng.calibrate(rows=[1, 4], context=8, repeats=1)
-    assert sorted(costs.target) == [1, 4] and all(sorted(v) == [1, 2, 3] for v in costs.target.values())
-    assert all(t > 0 for v in costs.target.values() for t in v.values()) and costs.draft[4] > 0
+    assert sorted(costs.rounds) == [1, 4] and all(sorted(v) == [0, 1, 2] for v in costs.rounds.values())
+    assert all(t > 0 for v in costs.rounds.values() for t in v.values())
     again = CostModel.from_dict(costs.to_dict())
-    assert again.target_seconds(2, 2) == costs.target_seconds(2, 2)
+    assert again.round_seconds(2, 2) == costs.round_seconds(2, 2)
+    # a longer chain never costs less in the model, whatever the noise of the measurement
+    assert all(costs.round_seconds(r, k) <= costs.round_seconds(r, k + 1) for r in (1, 4) for k in (0, 1))
+
+
+def test_planner_picks_plain_when_speculation_cannot_pay_and_k_when_it_does():
+    from marsrl.engine.adaptive import KPlanner
+
+    flat = CostModel(rounds={1: {k: 1.0 for k in range(4)}, 8: {k: 1.0 for k in range(4)}})
+    steep = CostModel(rounds={1: {k: 1.0 + k for k in range(4)}})
+    for costs, accept, want in ((flat, 3, 3), (steep, 0, 0)):
+        planner = KPlanner(costs, 3)
+        assert planner.choose(1) == 3  # the first round explores every position
+        for _ in range(20):
+            planner.observe([3] * 8, [accept] * 8)
+        assert planner.choose(1) == want
 
 
 def test_auto_config_errors():
