@@ -48,7 +48,7 @@ from ..algo import bias_metrics, importance_weights, token_stats
 from ..drafter.target import final_norm
 from ..engine import SamplingParams
 from ..integrations.trl import make_rollout_func
-from ..rollout.weights import gather_zero3_state_dict, is_zero3, to_state_dict
+from ..rollout.weights import gather_zero3_state_dict, is_zero3
 from .config import MarsGRPOConfig
 from .stats import acceptance_by_position, is_lossy
 
@@ -170,10 +170,8 @@ class MarsGRPOTrainer(GRPOTrainer):
             return
         if is_zero3(self.model):
             state = gather_zero3_state_dict(self.model, rank0_only=True)
-        else:
-            state = (
-                to_state_dict(self.accelerator.unwrap_model(self.model)) if self.pool is not None else None
-            )
+        else:  # the module itself: the pool casts it to the workers' dtype where it lives (a GPU)
+            state = self.accelerator.unwrap_model(self.model) if self.pool is not None else None
         if self.pool is not None:
             draft = self.drafter if self._draft_dirty else None
             self.pool.update_weights(state, draft=draft, version=step)
