@@ -54,6 +54,9 @@ class EngineConfig:
     # bf16 / fp16 targets: compute the verify positions' logits with float32 output (a bf16 GEMM output
     # rounds z2/z1 by up to ~1e-2 and makes exact ties, right where the margin rule decides)
     fp32_logits: bool = True
+    # run the prefill once per distinct prompt of a batch and copy its KV entries, logits and features
+    # to the rows that share it (a GRPO group); False prefills every row (the reference path)
+    share_prefix: bool = True
     # time each phase of a round (device-synchronised: slower on a GPU) into engine.stats["time"],
     # stats["forward_by_width"] and a per-round stats["trace"]
     profile: bool = False

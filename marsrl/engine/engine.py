@@ -197,12 +197,21 @@ class SpeculativeEngine:
     def _run_batch(self, rows: list[_Row], sampling: SamplingParams, eos: set[int], gen, totals, planner):
         dev = self.device
         bsz = len(rows)
-        lens_host = [len(r.prompt) for r in rows]
+        # the prefill runs once per distinct prompt (a GRPO group's G rows share one) and its KV entries,
+        # last logits and features are copied to the group's rows: the same numbers, G times less compute
+        uniq: dict[tuple[int, ...], int] = {}
+        src_host = [
+            uniq.setdefault(tuple(r.prompt), len(uniq)) if self.config.share_prefix else b
+            for b, r in enumerate(rows)
+        ]
+        prompts = [list(p) for p in uniq] if self.config.share_prefix else [r.prompt for r in rows]
+        n_pre = len(prompts)
+        lens_host = [len(p) for p in prompts]
         width = max(lens_host)
         pad_host = [width - n for n in lens_host]
-        ids_host = torch.zeros(bsz, width, dtype=torch.long)
-        for b, r in enumerate(rows):
-            ids_host[b, width - len(r.prompt) :] = torch.tensor(r.prompt)
+        ids_host = torch.zeros(n_pre, width, dtype=torch.long)
+        for b, p in enumerate(prompts):
+            ids_host[b, width - len(p) :] = torch.tensor(p)
         # one host -> device copy for the prompts, their lengths and padding
         ids, lens = self._to_device(torch.cat([ids_host, torch.tensor(lens_host).unsqueeze(1)], 1)).split(
             [width, 1], 1
@@ -210,7 +219,7 @@ class SpeculativeEngine:
         lens = lens.squeeze(1)
         pad = width - lens  # prompts are left-padded: every row's last prompt token sits at slot width-1
         room = sampling.max_new_tokens + self._round_width() + 1
-        tcache = RaggedCache(bsz, dev, capacity=width + room)
+        tcache = RaggedCache(n_pre, dev, capacity=width + room)
         slots = torch.arange(width, device=dev)
         keys_ok = slots >= pad.unsqueeze(1)  # [B, L]
         causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
@@ -220,8 +229,15 @@ class SpeculativeEngine:
         hidden, feats = self._target_hidden(ids, pos, mask, tcache)
         totals["target_forwards"] += 1
         tcache.set_rows(pad, lens.clone(), pad_host, lens_host)
+        logits = self._lm_head(hidden[:, -1])
+        if n_pre < bsz:  # copy each prompt's state to its rows
+            src = self._to_device(torch.tensor(src_host))
+            tcache.select(src, src_host)
+            logits, ids, pad, lens = (t.index_select(0, src) for t in (logits, ids, pad, lens))
+            feats = feats.index_select(0, src) if feats is not None else None
+            lens_host = [lens_host[i] for i in src_host]
         first = sample_plain(
-            self._lm_head(hidden[:, -1]),
+            logits,
             temperature=sampling.temperature,
             top_k=sampling.top_k,
             top_p=sampling.top_p,

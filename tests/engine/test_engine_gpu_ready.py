@@ -222,3 +222,19 @@ def test_auto_config_errors():
     with pytest.raises(ValueError, match='num_draft_tokens must be an int >= 1 or "auto"'):
         EngineConfig(num_draft_tokens="7")
     assert EngineConfig(num_draft_tokens="auto").max_draft_tokens == 7
+
+
+@pytest.mark.parametrize("mode", ["plain", "chain", "tree"])
+def test_shared_prefix_prefill_gives_the_unshared_trajectories_bit_for_bit(target, mode):
+    from marsrl.engine import TreeConfig
+
+    head = Eagle3Drafter.from_target(target)
+    shapes = {"plain": {}, "chain": dict(num_draft_tokens=4), "tree": dict(tree=TreeConfig(3, 3, 10))}
+    sp = SamplingParams(temperature=1.0, max_new_tokens=12, n=4, seed=7)
+    runs = []
+    for share in (True, False):
+        cfg = EngineConfig(rule="mars", share_prefix=share, **shapes[mode])
+        eng = SpeculativeEngine(target, None if mode == "plain" else head, cfg)
+        out = eng.generate(PROMPTS, sp)
+        runs.append([(t.completion_ids, t.behavior_logprobs, t.target_logprobs, t.provenance) for t in out])
+    assert runs[0] == runs[1]
