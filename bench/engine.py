@@ -7,17 +7,26 @@ drafter that replays the target's greedy continuation (the engine's ceiling).
 
 Until a trained head exists (the tiny-world issue) the EAGLE-3 head is random, so its acceptance is near
 zero: those rows measure overhead, not speedup.  Prints one JSON object; read the ratios.
+
+Built for a noisy shared machine: one torch thread by default (--threads), each measurement repeats its
+call until at least --min-seconds have passed, the systems run --repeats times in an order rotated each
+repeat, and every figure is the median over repeats with its spread (min / max / IQR of tokens/s in
+``tokens_per_s_spread``); each ratio divides two medians of the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
-import time
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
+
+sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
+from _common import interleaved, spread, timed
 
 from marsrl.drafter import Eagle3Drafter
 from marsrl.engine import EngineConfig, OracleDrafter, SamplingParams, SpeculativeEngine, TreeConfig
@@ -66,10 +75,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--tree", type=int, nargs=3, default=[4, 5, 24], metavar=("TOP_K", "DEPTH", "TOTAL"))
     ap.add_argument("--theta", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved repeats; medians are kept")
     ap.add_argument(
-        "--repeats", type=int, default=3, help="interleaved repeats; the median wall time is kept"
+        "--min-seconds", type=float, default=1.0, help="each measurement repeats its call for at least this"
     )
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
     target = build_target(args.seed)
@@ -85,6 +97,8 @@ def main(argv=None) -> dict:
         "new_tokens": n_new,
         "prompt_len": args.prompt_len,
         "threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+        "min_seconds": args.min_seconds,
         "k": args.k,
         "tree": dict(top_k=tree.top_k, depth=tree.depth, total_tokens=tree.total_tokens),
         "results": {},
@@ -97,50 +111,59 @@ def main(argv=None) -> dict:
         )
         if assisted:
             kw["assistant_model"] = assistant
-        start = time.perf_counter()
-        with torch.inference_mode():
-            target.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0, **kw)
-        wall = time.perf_counter() - start
-        return {"tokens_per_s": batch * n_new / wall, "wall_s": wall}
+
+        def call() -> int:
+            with torch.inference_mode():
+                target.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0, **kw)
+            return batch * n_new
+
+        wall, tokens, calls = timed(call, args.min_seconds)
+        return {"tokens_per_s": tokens / wall, "wall_s": wall / calls}
 
     def ours(batch: int, drafter, cfg: EngineConfig, temperature: float = 1.0) -> dict:
         eng = SpeculativeEngine(target, drafter, cfg)
         sp = SamplingParams(temperature=temperature, max_new_tokens=n_new, n=batch, seed=args.seed)
-        start = time.perf_counter()
-        trajs = eng.generate([prompt], sp)
-        wall = time.perf_counter() - start
-        toks = sum(len(t.completion_ids) for t in trajs)
-        res = {"tokens_per_s": toks / wall, "wall_s": wall, "tau": eng.stats["tau"]}
+        last = {}
+
+        def call() -> int:
+            last["trajs"] = trajs = eng.generate([prompt], sp)
+            return sum(len(t.completion_ids) for t in trajs)
+
+        wall, tokens, calls = timed(call, args.min_seconds)
+        res = {"tokens_per_s": tokens / wall, "wall_s": wall / calls, "tau": eng.stats["tau"]}
         if drafter is not None:
             k = cfg.tree.depth + 1 if cfg.tree else cfg.num_draft_tokens
-            res["acceptance_by_position"] = per_position_acceptance(trajs, k)
+            res["acceptance_by_position"] = per_position_acceptance(last["trajs"], k)
             res["relaxed_frac"] = eng.stats["relaxed"] / max(eng.stats["tokens"], 1)
         return res
 
     for batch in args.batch_sizes:
+        one_batch = dict(max_batch_size=max(batch, EngineConfig().max_batch_size))  # one engine batch
         cases = {"hf_generate": lambda b=batch: hf(b, assisted=False)}
         if batch == 1:
             cases["hf_assisted"] = lambda b=batch: hf(b, assisted=True)
-        cases["marsrl_plain"] = lambda b=batch: ours(b, None, EngineConfig())
+        plain_cfg = EngineConfig(**one_batch)
+        cases["marsrl_plain"] = lambda b=batch, c=plain_cfg: ours(b, None, c)
         for rule in ("strict", "mars"):
-            chain = EngineConfig(rule=rule, theta=args.theta, num_draft_tokens=args.k)
-            tree_cfg = EngineConfig(rule=rule, theta=args.theta, tree=tree)
+            chain = EngineConfig(rule=rule, theta=args.theta, num_draft_tokens=args.k, **one_batch)
+            tree_cfg = EngineConfig(rule=rule, theta=args.theta, tree=tree, **one_batch)
             cases[f"marsrl_{rule}_chain_eagle_random"] = lambda b=batch, c=chain: ours(b, head, c)
             cases[f"marsrl_{rule}_tree_eagle_random"] = lambda b=batch, c=tree_cfg: ours(b, head, c)
             cases[f"marsrl_{rule}_chain_oracle"] = lambda b=batch, c=chain: ours(b, oracle, c)
-        greedy = EngineConfig(num_draft_tokens=args.k)
+        greedy = EngineConfig(num_draft_tokens=args.k, **one_batch)
         cases["marsrl_strict_chain_oracle_greedy"] = lambda b=batch, c=greedy: ours(
             b, oracle, c, temperature=0.0
         )
         cases["marsrl_plain"]()  # warm-up (allocator, kernels)
-        runs: dict[str, list[dict]] = {name: [] for name in cases}
-        for _ in range(args.repeats):
-            for name, fn in cases.items():
-                runs[name].append(fn())
+        runs = interleaved(list(cases), args.repeats, lambda name, _rep, c=cases: c[name]())
         res = {}
         for name, rs in runs.items():
-            rs = sorted(rs, key=lambda r: r["wall_s"])
-            res[name] = rs[len(rs) // 2]
+            rates = [r["tokens_per_s"] for r in rs]
+            row = dict(sorted(rs, key=lambda r: r["tokens_per_s"])[len(rs) // 2])  # the median run's extras
+            row["tokens_per_s"] = statistics.median(rates)
+            row["wall_s"] = statistics.median(r["wall_s"] for r in rs)
+            row["tokens_per_s_spread"] = spread(rates, 1)
+            res[name] = row
         base = res["hf_generate"]["tokens_per_s"]
         plain = res["marsrl_plain"]["tokens_per_s"]
         for r in res.values():

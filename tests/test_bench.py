@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -111,3 +113,126 @@ def test_round_bench_on_micro_accounts_for_the_round(capsys):
         assert parts["target_forward"] + parts["draft"] + parts["verify"] <= parts["round"]
         assert out["hf_single_token_step_ms"] > 0
     assert '"ms_per_round"' in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def micro_world():
+    """The micro world of this test run (built once into $MARSRL_CACHE and shared with the other tests)."""
+    from marsrl.tinyworld import build_tinyworld
+
+    return build_tinyworld("micro", progress=False)
+
+
+def test_scale_bench_quick_on_micro(micro_world, capsys):
+    bench = _load_bench("scale")
+    args = ["--world", str(micro_world), "--preset", "micro", "--quick", "--batches", "1", "8"]
+    out = bench.main([*args, "--ks", "1", "3", "--new-tokens", "6", "--tree", "2", "2", "5"])
+    systems = {
+        "hf_generate",
+        "plain",
+        "strict_k1",
+        "strict_k3",
+        "mars_k1",
+        "mars_k3",
+        "strict_tree",
+        "mars_tree",
+    }
+    if out["auto_supported"]:
+        systems |= {"strict_auto", "mars_auto"}
+    for batch, prompts, group in (("batch_1", 1, 1), ("batch_8", 1, 8)):
+        res = out["results"][batch]
+        assert (res["prompts"], res["group"]) == (prompts, group)
+        assert set(res["systems"]) == systems
+        assert res["systems"]["plain"]["ratio_to_marsrl_plain"] == 1.0
+        for name, row in res["systems"].items():
+            assert row["tokens_per_s"]["median"] > 0 and row["tokens_per_s"]["n"] == 1
+            if name != "hf_generate":
+                assert row["tau"] >= 1
+                if row["k_per_round"] is not None:  # an engine that reports k_per_round
+                    assert row["k_per_round"]["rounds"] == row["rounds"] > 0
+    bars = out["bars"]
+    for rule in ("strict", "mars"):
+        bar = bars["batch_8"][f"{rule}_auto_vs_best_fixed"]
+        assert bar["bar"] == 0.97 and (bar["value"] is None) == (not out["auto_supported"])
+    assert set(out["tail"]) >= {"batch", "plain", "strict_k1"} and out["tail"]["batch"] == 8
+    assert '"bars"' in capsys.readouterr().out
+
+
+def test_scale_bars_by_hand():
+    bars = _load_bench("scale").compute_bars
+    rates = {
+        "plain": 100.0,
+        "strict_k1": 120.0,
+        "strict_k3": 150.0,
+        "strict_tree": 90.0,
+        "strict_auto": 146.0,
+    }
+    rates |= {"mars_k1": 130.0, "mars_k3": 140.0, "mars_tree": 95.0, "mars_auto": 160.0}
+    out = bars({"batch_128": rates}, [1, 3], auto_ok=True)
+    row = out["batch_128"]
+    assert row["strict_auto_vs_best_fixed"] == {
+        "value": 0.9733,
+        "bar": 0.97,
+        "pass": True,
+        "best": "strict_k3",
+    }
+    assert row["mars_auto_vs_best_fixed"]["best"] == "mars_k3" and row["mars_auto_vs_plain"]["pass"]
+    assert row["strict_auto_speedup"] == {"value": 1.46, "bar": 1.3, "pass": True}
+    assert row["mars_auto_speedup"] == {"value": 1.6, "bar": 1.5, "pass": True}
+    assert row["mars_vs_strict_k3"]["pass"] is False and row["mars_vs_strict_tree"]["pass"] is True
+    assert out["failed"] == ["batch_128.mars_vs_strict_k3"] and out["all_pass"] is False
+    # an engine without the adaptive mode: those bars are None, never a pass or a fail
+    slow = {k: v for k, v in rates.items() if not k.endswith("auto")} | {"plain": 200.0}
+    out = bars({"batch_8": slow}, [1, 3], auto_ok=False)
+    assert out["batch_8"]["strict_auto_vs_best_fixed"]["best"] == "plain"
+    assert out["batch_8"]["strict_auto_vs_plain"]["pass"] is None and out["all_pass"] is None
+    assert "strict_auto_speedup" not in out["batch_8"] and "mars_vs_strict_auto" not in out["batch_8"]
+
+
+def test_bench_common_tail_spread_and_rounds():
+    common = _load_bench("_common")
+    trace = [[0.0, 10, 3, 0.1], [0.5, 4, 3, 0.1], [0.9, 1, 3, 0.1], [1.2, 1, 3, 0.1]]
+    # 90% of 10 finished = at most 1 live: from 0.9 s to the end at 1.5 s
+    assert common.tail(trace, 10, 1.5) == {
+        "t_at_finished_s": 0.9, "tail_s": 0.6, "tail_share": 0.4, "rounds_in_tail": 2
+    }  # fmt: skip
+    assert common.tail(None, 10, 1.5) is None
+    s = common.spread([3.0, 1.0, 2.0, 10.0])
+    assert (s["median"], s["min"], s["max"], s["n"]) == (2.5, 1.0, 10.0, 4)
+    assert s["iqr"] == 3.0  # inclusive quartiles 1.75 and 4.75
+    assert common.batched_rounds({"k_per_round": [0, 3, 3]}) == 3
+    assert common.batched_rounds({"target_forwards": 5}) == 4  # one prefill, then a forward per round
+    assert common.k_summary([0, 3, 3])["counts"] == {"0": 1, "3": 2}
+
+
+def test_gpu_bench_cpu_smoke_without_ray(tmp_path, monkeypatch, capsys):
+    # the device machine has no Ray: marsrl.rollout does not import there, so the weight update falls
+    # back to torch copies; None in sys.modules makes the import fail the same way here
+    monkeypatch.setitem(sys.modules, "marsrl.rollout", None)
+    bench = _load_bench("gpu")
+    path = tmp_path / "gpu.json"
+    systems = ["hf_generate", "plain", "strict_k3", "mars_tree"]
+    assert bench.main(["--cpu-smoke", "--systems", *systems, "--out", str(path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert json.loads(path.read_text()) == out
+    assert out["mode"] == "cpu-smoke" and out["skipped"] == []
+    weights = out["weight_update"]
+    assert weights["worker_path"]["usable"] is False and weights["pageable_copy_s"] >= 0
+    assert weights["bytes"] > 0 and weights["pinned_copy_s"] is None
+    for batch in ("batch_1", "batch_8"):
+        rows = out["results"][batch]["systems"]
+        assert list(rows) == systems and all(r["tokens_per_s"] > 0 for r in rows.values())
+        for name in systems[1:]:
+            assert rows[name]["syncs"]["rounds"] > 0 and rows[name]["syncs"]["debug_mode_warnings"] is None
+            if out["profile_supported"]:
+                assert rows[name]["breakdown"]["ms_per_round"]["target_forward"] > 0
+    assert out["results"]["batch_8"]["group"] == 8
+
+
+def test_gpu_bench_without_cuda_says_so_and_exits_0(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _load_bench("gpu").main([]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "no CUDA" in lines[0]

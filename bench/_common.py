@@ -1,0 +1,154 @@
+"""Helpers the benches share: interleaved repeated timing with a minimum duration, medians with their
+spread, probing whether an EngineConfig option exists, and summaries of the engine's per-call stats
+(``k_per_round``, ``host_syncs``, ``cache_bytes_copied``, and with ``profile=True`` ``time``,
+``forward_by_width`` and ``trace``), read with ``.get()`` so a bench runs on engines that lack some.
+
+Imports only the standard library: bench/gpu.py runs on a machine that has torch, transformers and
+marsrl's own modules and nothing else.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+
+
+def spread(values: list[float], digits: int = 4) -> dict:
+    """Median, min, max and interquartile range of repeated measurements (None for an empty list)."""
+    if not values:
+        return {"median": None, "min": None, "max": None, "iqr": None, "n": 0}
+    vals = sorted(values)
+    iqr = 0.0
+    if len(vals) >= 2:
+        q = statistics.quantiles(vals, n=4, method="inclusive")
+        iqr = q[2] - q[0]
+    return {
+        "median": round(statistics.median(vals), digits),
+        "min": round(vals[0], digits),
+        "max": round(vals[-1], digits),
+        "iqr": round(iqr, digits),
+        "n": len(vals),
+    }
+
+
+def timed(fn: Callable[[], int], min_seconds: float = 0.0) -> tuple[float, int, int]:
+    """Call ``fn`` (it returns the tokens it produced) until at least ``min_seconds`` have passed, at
+    least once: (wall seconds, tokens, calls).  A short call repeated this way is timed over a span long
+    enough that a neighbour's burst on a shared machine moves it less."""
+    calls = tokens = 0
+    start = time.perf_counter()
+    while True:
+        tokens += fn()
+        calls += 1
+        wall = time.perf_counter() - start
+        if wall >= min_seconds:
+            return wall, tokens, calls
+
+
+def interleaved(names: list[str], repeats: int, measure: Callable[[str, int], dict]) -> dict[str, list]:
+    """``measure(name, repeat)`` for every name, ``repeats`` times, the order rotated by one each repeat
+    (so no system always runs first, after the same neighbour or in the same part of a noisy minute)."""
+    runs: dict[str, list] = {name: [] for name in names}
+    for rep in range(repeats):
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            runs[name].append(measure(name, rep))
+    return runs
+
+
+def option_supported(cls, **kwargs) -> bool:
+    """Whether ``cls(**kwargs)`` constructs: an engine without the option raises TypeError (unknown
+    field, or a comparison with a string) or ValueError (a check that names the field)."""
+    try:
+        cls(**kwargs)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def batched_rounds(stats: dict) -> int | None:
+    """Rounds of the whole batch (not per sequence): one target forward each after one prefill per
+    batch of at most ``max_batch_size`` sequences; the caller keeps the request in one batch."""
+    ks = stats.get("k_per_round")
+    if ks is not None:
+        return len(ks)
+    forwards = stats.get("target_forwards")
+    return forwards - 1 if forwards else None
+
+
+def k_summary(ks: list[int] | None) -> dict | None:
+    """Draft length verified each round: mean, median, min, max and {k: rounds} (0 = a plain step)."""
+    if ks is None:
+        return None
+    if not ks:
+        return {"mean": None, "median": None, "min": None, "max": None, "rounds": 0, "counts": {}}
+    return {
+        "mean": round(statistics.fmean(ks), 3),
+        "median": statistics.median(ks),
+        "min": min(ks),
+        "max": max(ks),
+        "rounds": len(ks),
+        "counts": {str(k): n for k, n in sorted(Counter(ks).items())},
+    }
+
+
+def per_round(stats: dict) -> dict:
+    """The call's counters per batched round: host syncs and cache bytes (None where the engine does
+    not report them), and the draft lengths."""
+    rounds = batched_rounds(stats)
+    out = {"rounds": rounds, "k_per_round": k_summary(stats.get("k_per_round"))}
+    for key in ("host_syncs", "cache_bytes_copied"):
+        value = stats.get(key)
+        out[key] = value
+        out[f"{key}_per_round"] = round(value / rounds, 2) if value is not None and rounds else None
+    return out
+
+
+def breakdown(stats: dict) -> dict | None:
+    """Where the call's time went (``profile=True`` stats): per phase the total seconds, milliseconds
+    per batched round and share of the phases' sum; per target-forward width the calls, rows and
+    milliseconds per call.  None when the engine reported no ``time``."""
+    phases = stats.get("time")
+    if not phases:
+        return None
+    rounds = batched_rounds(stats) or 0
+    total = sum(phases.values())
+    out = {
+        "phases_s": {k: round(v, 5) for k, v in phases.items()},
+        "ms_per_round": {k: round(v / rounds * 1e3, 3) if rounds else None for k, v in phases.items()},
+        "share": {k: round(v / total, 4) if total else None for k, v in phases.items()},
+        "forward_by_width": None,
+    }
+    by_width = stats.get("forward_by_width")
+    if by_width is not None:
+        out["forward_by_width"] = {
+            w: {
+                "calls": e["calls"],
+                "rows": e["rows"],
+                "ms_per_call": round(e["seconds"] / e["calls"] * 1e3, 3) if e["calls"] else None,
+            }
+            for w, e in sorted(by_width.items(), key=lambda kv: int(kv[0]))
+        }
+    return out
+
+
+def tail(trace: list | None, sequences: int, wall: float, finished: float = 0.9) -> dict | None:
+    """The call's tail from its per-round trace (one entry per round, taken at its start, beginning
+    [elapsed_s, live_rows, ...]): the first round at which at most (1 - finished) of the sequences
+    were still live, and the wall time from there to the end of the call (absolute and as a share of
+    it).  None without a trace."""
+    if trace is None:
+        return None
+    live_cap = sequences - finished * sequences  # 12.8 live rows of 128 is 90% finished
+    for entry in trace:
+        elapsed, live = entry[0], entry[1]
+        if live <= live_cap + 1e-9:
+            return {
+                "t_at_finished_s": round(elapsed, 4),
+                "tail_s": round(wall - elapsed, 4),
+                "tail_share": round((wall - elapsed) / wall, 4) if wall else None,
+                "rounds_in_tail": sum(1 for e in trace if e[0] >= elapsed),
+            }
+    return {"t_at_finished_s": None, "tail_s": 0.0, "tail_share": 0.0, "rounds_in_tail": 0}

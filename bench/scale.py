@@ -1,0 +1,279 @@
+"""Engine throughput against batch size on the tiny world, side by side in one run (issues 12 and 13).
+
+    python bench/scale.py                          # default world, B in 1 8 32 128, 3 repeats
+    python bench/scale.py --quick                  # one repeat of each system
+    python bench/scale.py --batches 1 8 --ks 3 7 --repeats 5 --threads 1
+
+Each engine call decodes B sequences at T = 1 (B = prompts x G, G = --group where B >= G, else B
+prompts once): HF ``generate``, marsrl plain, strict and mars chains at each K in --ks, strict and mars
+trees (--tree), and the adaptive mode (``num_draft_tokens="auto"``, ``max_draft_tokens`` = the largest
+K) for strict and mars.  The systems run in turn, the order rotated each repeat; a figure is the median
+over repeats and each ratio divides two medians of the same run.  Engines are built once per system and
+reused over batches and repeats; an adaptive engine's cost model is measured (``calibrate``) once before
+any timing and its time reported apart.
+
+Engine calls run with ``profile=True`` where the engine has it: on the CPU its device synchronisation is
+a no-op, so profiling costs a few timer calls per round and the timed calls give the per-phase breakdown
+(``stats["time"]``, ``forward_by_width``) and the per-round trace that measures the tail: at the
+largest B, the wall time after 90% of the sequences have finished.  Stats an engine does not report
+are null.  "bars" holds the issue's acceptance bars, each as {value, bar, pass}.
+
+Prints one JSON object on stdout; progress goes to stderr.  Reuses the world cached under
+``$MARSRL_CACHE`` (``~/.cache/marsrl``) and builds it only when it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
+from _common import breakdown, interleaved, option_supported, per_round, spread, tail, timed
+from tinyworld import hf_generated
+
+from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, TreeConfig
+from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld
+from marsrl.tinyworld.build import heldout_problems
+from marsrl.tinyworld.tokenizer import chat_prompt_ids
+
+RULES = ("strict", "mars")
+AUTO_VS_BEST = 0.97  # adaptive tok/s against the best of plain and every fixed K, at every B
+SPEEDUP_BARS = {"strict": 1.3, "mars": 1.5}  # adaptive tok/s over plain at B = 128
+
+
+def engine_configs(args, max_batch: int, profile: bool) -> tuple[dict[str, EngineConfig | None], bool]:
+    """{system: EngineConfig} for every marsrl system (None config = plain), and whether the engine
+    accepts the adaptive mode (when it does not, the auto systems are left out)."""
+    common = dict(theta=args.theta, max_batch_size=max_batch)
+    if profile:
+        common["profile"] = True
+    kmax = max(args.ks)
+    auto_ok = option_supported(EngineConfig, num_draft_tokens="auto", max_draft_tokens=kmax, **common)
+    cfgs: dict[str, EngineConfig | None] = {"plain": EngineConfig(**common)}
+    for rule in RULES:
+        for k in args.ks:
+            cfgs[f"{rule}_k{k}"] = EngineConfig(rule=rule, num_draft_tokens=k, **common)
+        cfgs[f"{rule}_tree"] = EngineConfig(rule=rule, tree=TreeConfig(*args.tree), **common)
+        if auto_ok:
+            cfgs[f"{rule}_auto"] = EngineConfig(
+                rule=rule, num_draft_tokens="auto", max_draft_tokens=kmax, **common
+            )
+    return cfgs, auto_ok
+
+
+def compute_bars(results: dict[str, dict], ks: list[int], auto_ok: bool, speedup_batch: int = 128) -> dict:
+    """The issue's bars from median tokens/s: ``results`` maps "batch_B" to {system: tokens/s}.
+
+    At every B and for each rule: auto >= 0.97 x the best of plain and every fixed K of that rule, and
+    auto >= plain; mars >= strict for each chain K, the tree (and auto).  At B = ``speedup_batch``:
+    strict auto >= 1.3 x plain, mars auto >= 1.5 x plain.  Each bar is {value, bar, pass} (value and
+    pass None where a system is missing, e.g. an engine without the adaptive mode)."""
+
+    def bar(num, den, level, **extra):
+        value = num / den if num is not None and den else None
+        return {
+            "value": round(value, 4) if value is not None else None,
+            "bar": level,
+            "pass": value >= level if value is not None else None,
+            **extra,
+        }
+
+    out: dict = {}
+    for batch, rates in results.items():
+        row = {}
+        plain = rates.get("plain")
+        for rule in RULES:
+            auto = rates.get(f"{rule}_auto") if auto_ok else None
+            fixed = {"plain": plain} | {f"{rule}_k{k}": rates.get(f"{rule}_k{k}") for k in ks}
+            fixed = {n: v for n, v in fixed.items() if v is not None}
+            best = max(fixed, key=fixed.get) if fixed else None
+            row[f"{rule}_auto_vs_best_fixed"] = bar(auto, fixed.get(best), AUTO_VS_BEST, best=best)
+            row[f"{rule}_auto_vs_plain"] = bar(auto, plain, 1.0)
+            if batch == f"batch_{speedup_batch}":
+                row[f"{rule}_auto_speedup"] = bar(auto, plain, SPEEDUP_BARS[rule])
+        shapes = [f"k{k}" for k in ks] + ["tree"] + (["auto"] if auto_ok else [])
+        for shape in shapes:
+            row[f"mars_vs_strict_{shape}"] = bar(
+                rates.get(f"mars_{shape}"), rates.get(f"strict_{shape}"), 1.0
+            )
+        out[batch] = row
+    verdicts = {f"{batch}.{name}": b["pass"] for batch, row in out.items() for name, b in row.items()}
+    out["failed"] = [name for name, ok in verdicts.items() if ok is False]
+    out["all_pass"] = None if None in verdicts.values() else not out["failed"]
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="default", choices=sorted(PRESETS))
+    ap.add_argument("--world", type=Path, default=None, help="a built world's folder (default: the preset's)")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128], help="sequences per call")
+    ap.add_argument("--group", type=int, default=8, help="completions per prompt where B >= group")
+    ap.add_argument("--ks", type=int, nargs="+", default=[1, 3, 5, 7], help="fixed chain lengths")
+    ap.add_argument("--tree", type=int, nargs=3, default=[4, 5, 24], metavar=("TOP_K", "DEPTH", "TOTAL"))
+    ap.add_argument("--theta", type=float, default=0.9)
+    ap.add_argument("--new-tokens", type=int, default=None, help="default: the world's max_new_tokens")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 3, --quick 1)")
+    ap.add_argument("--min-seconds", type=float, default=0.0, help="least timed span of one measurement")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    ap.add_argument("--quick", action="store_true", help="one repeat of each system")
+    ap.add_argument(
+        "--calibration-context",
+        type=int,
+        default=None,
+        help="prompt tokens of the adaptive cost-model measurement (default: the engine's; tests: short)",
+    )
+    args = ap.parse_args(argv)
+    repeats = args.repeats or (1 if args.quick else 3)
+    for b in args.batches:
+        if b >= args.group and b % args.group:
+            ap.error(f"--batches: {b} is not a multiple of --group {args.group}")
+    torch.set_num_threads(args.threads)
+
+    def log(msg: str) -> None:
+        print(f"[scale] {msg}", file=sys.stderr, flush=True)
+
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON
+        path = args.world or build_tinyworld(args.preset, progress=False)
+        target, tok, head, _ = load_tinyworld(path)
+    cfg = PRESETS[args.preset]
+    n_new = args.new_tokens or cfg.max_new_tokens
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    max_batch = max(args.batches)
+    n_prompts = max(b // args.group if b >= args.group else b for b in args.batches)
+    prompts = [chat_prompt_ids(tok, p["question"]) for p in heldout_problems(cfg, n_prompts)]
+    profile = option_supported(EngineConfig, profile=True)
+    cfgs, auto_ok = engine_configs(args, max_batch, profile)
+    engines = {
+        name: SpeculativeEngine(target, None if name == "plain" else head, c) for name, c in cfgs.items()
+    }
+    calibration = None
+    autos = [eng for name, eng in engines.items() if name.endswith("_auto")]
+    if autos and hasattr(autos[0], "calibrate"):
+        # the cost model depends on the models only, not the rule: measured once, shared
+        start = time.perf_counter()
+        kw = {} if args.calibration_context is None else {"context": args.calibration_context}
+        model = autos[0].calibrate(**kw)
+        calibration = round(time.perf_counter() - start, 3)
+        for eng in autos:
+            eng.cost_model = model
+        log(f"auto: cost model measured in {calibration} s (shared by {len(autos)} engines)")
+    systems = ["hf_generate", *engines]
+
+    def shape(batch: int) -> tuple[list[list[int]], int]:
+        g = args.group if batch >= args.group else 1
+        return prompts[: batch // g], g
+
+    def measure(batch: int, name: str, rep: int) -> dict:
+        group_prompts, g = shape(batch)
+        last: dict = {}
+        if name == "hf_generate":
+            rows = [p for p in group_prompts for _ in range(g)]
+            width = max(len(p) for p in rows)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows])
+
+            def call() -> int:
+                torch.manual_seed(rep)
+                with torch.inference_mode():
+                    out = target.generate(
+                        ids,
+                        attention_mask=(ids != pad).long(),
+                        do_sample=True,
+                        temperature=1.0,
+                        top_k=0,
+                        top_p=1.0,
+                        max_new_tokens=n_new,
+                        eos_token_id=eos,
+                        pad_token_id=pad,
+                    )
+                return hf_generated(out, width, eos)
+        else:
+            eng = engines[name]
+            sp = SamplingParams(temperature=1.0, max_new_tokens=n_new, eos_token_id=eos, n=g, seed=rep)
+
+            def call() -> int:
+                trajs = eng.generate(group_prompts, sp)
+                last.update(eng.stats)
+                return sum(len(t.completion_ids) for t in trajs)
+
+        wall, tokens, calls = timed(call, args.min_seconds)
+        log(f"B={batch} rep={rep} {name}: {tokens / wall:.0f} tok/s ({calls} call(s), {wall:.2f} s)")
+        return {"wall_s": wall / calls, "tokens_per_s": tokens / wall, "stats": dict(last)}
+
+    out: dict = {
+        "bench": "scale",
+        "preset": args.preset,
+        "path": str(path),
+        "threads": torch.get_num_threads(),
+        "new_tokens": n_new,
+        "temperature": 1.0,
+        "group": args.group,
+        "ks": args.ks,
+        "tree": dict(zip(("top_k", "depth", "total_tokens"), args.tree, strict=True)),
+        "theta": args.theta,
+        "repeats": repeats,
+        "min_seconds": args.min_seconds,
+        "profile": profile,
+        "auto_supported": auto_ok,
+        "auto_max_draft_tokens": max(args.ks) if auto_ok else None,
+        "calibration_s": calibration,
+        "results": {},
+    }
+    medians: dict[str, dict[str, float]] = {}
+    for batch in args.batches:
+        engines["plain"].generate(shape(batch)[0][:1], SamplingParams(max_new_tokens=4, eos_token_id=eos))
+        runs = interleaved(systems, repeats, lambda name, rep, b=batch: measure(b, name, rep))
+        group_prompts, g = shape(batch)
+        rows: dict[str, dict] = {}
+        for name, rs in runs.items():
+            rates = [r["tokens_per_s"] for r in rs]
+            mid = sorted(rs, key=lambda r: r["wall_s"])[len(rs) // 2]  # the median run's stats
+            row = {"tokens_per_s": spread(rates, 1), "wall_s": spread([r["wall_s"] for r in rs])}
+            if name != "hf_generate":
+                stats = mid["stats"]
+                taus = [r["stats"].get("tau") for r in rs if r["stats"].get("tau") is not None]
+                row["tau"] = round(statistics.median(taus), 3) if taus else None
+                row.update(per_round(stats))
+                row["breakdown"] = breakdown(stats)
+                row["tail"] = tail(stats.get("trace"), batch, stats.get("wall_seconds", mid["wall_s"]))
+            rows[name] = row
+        med = {name: row["tokens_per_s"]["median"] for name, row in rows.items()}
+        for name, row in rows.items():
+            row["ratio_to_marsrl_plain"] = round(med[name] / med["plain"], 3)
+            row["ratio_to_hf_generate"] = round(med[name] / med["hf_generate"], 3)
+        medians[f"batch_{batch}"] = med
+        out["results"][f"batch_{batch}"] = {"prompts": len(group_prompts), "group": g, "systems": rows}
+
+    top = f"batch_{max_batch}"
+    out["tail"] = {
+        "batch": max_batch,
+        "finished": 0.9,
+        **{name: row.get("tail") for name, row in out["results"][top]["systems"].items() if name in engines},
+    }
+    out["summary"] = {
+        batch: {
+            name: {
+                "tokens_per_s": row["tokens_per_s"]["median"],
+                "vs_plain": row["ratio_to_marsrl_plain"],
+                "vs_hf": row["ratio_to_hf_generate"],
+                "tau": row.get("tau"),
+            }
+            for name, row in res["systems"].items()
+        }
+        for batch, res in out["results"].items()
+    }
+    out["bars"] = compute_bars(medians, args.ks, auto_ok)
+    json.dump(out, sys.stdout, indent=2)
+    print()
+    return out
+
+
+if __name__ == "__main__":
+    main()
