@@ -126,7 +126,9 @@ class Eagle3Drafter(nn.Module):
             input_ids: [B, T] target-vocabulary ids (the token at each position).
             hidden: [B, T, H] fuse(features) on a round's first step, else the previous step's output.
             position_ids: [B, T] (or [1, T]) int64 absolute positions; RoPE is never clamped.
-            cache: a ``transformers.DynamicCache`` (layer 0 is this head's) or None.  New keys and values
+            cache: any object whose ``update(keys, values, 0)`` appends [B, Hkv, T, hd] and returns the
+                layer's full keys and values [B, Hkv, S, hd] (a ``transformers.DynamicCache``, or views of a
+                preallocated buffer, read in place whatever their strides), or None.  New keys and values
                 are APPENDED, so the caller crops / reorders it like a target cache.
             attention_mask: [B, 1, T, S] additive float mask over S = cached + T keys (0 visible, large
                 negative hidden), or None for causal over cache + new tokens.

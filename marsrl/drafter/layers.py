@@ -1,9 +1,10 @@
 """The maths of EAGLE-3's single decoder layer ("midlayer"): RMSNorm, RoPE, cached GQA attention with an
 additive mask, SwiGLU.  Module and parameter names match the published checkpoints.
 
-Attention runs through torch's fused ``scaled_dot_product_attention`` with the caller's additive mask;
-``attend`` writes the same maths out (float32 softmax, query chunks that bound the [chunk, S] score
-matrix) as the reference the tests hold it to.  Training-time-test unrolls use ``TTTBlocks`` instead.
+Attention runs through torch's fused ``scaled_dot_product_attention`` (``grouped_attention``: GQA by
+folding query heads into the query axis, never repeating K/V; query blocks bound prefill memory).
+Training-time-test unrolls use ``TTTBlocks``: the same fused kernel for their block-sparse rule, so no
+[T, T] scores are kept for backward.  The slow references (explicit scores and softmax) live in the tests.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from torch import nn
 
 from .config import Eagle3Config
 
-# Largest float32 score block per chunk (elements): bounds prefill memory at ~512 MB.
+# Query block size of ``grouped_attention``: B * Hq * C * S <= this many elements (a float32 score block of
+# at most 512 MB, were a backend to build one; the folded mask is G/Hq of that).
 _SCORE_BUDGET = 2**27
 
 
@@ -76,39 +78,87 @@ def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor |
     return mask.masked_fill(k_pos > q_pos, torch.finfo(torch.float32).min)[None, None]
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(hd) + mask) v with GQA, the softmax in float32.
+def grouped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd) + mask) v with GQA, never repeating K/V.
 
-    q [B, Hq, T, hd], k/v [B, Hkv, S, hd] (Hq a multiple of Hkv; query head h reads kv head h // (Hq/Hkv)),
-    mask [B or 1, 1, T, S] additive float or None -> [B, Hq, T, hd].  A query whose keys are all at
-    -inf yields NaN; use a large negative finite value (as ``causal_mask``) if that can happen.
+    q [B, Hq, T, hd], k/v [B, Hkv, S, hd] (any strides: views of a preallocated cache are read in place;
+    query head h reads kv head h // G, G = Hq / Hkv), mask [B or 1, 1, T, S] additive float or None (every
+    query sees every key) -> [B, Hq, T, hd].  A query whose keys are all at -inf yields NaN; use a large
+    negative finite value (as ``causal_mask``) if that can happen.
+
+    Each kv head's G query heads are folded into the query axis (q [B, Hkv, G*T, hd], the mask copied over
+    G in q's dtype), so SDPA sees plain multi-head attention with a mask and may pick a fused kernel.  With
+    ``enable_gqa`` and a mask CUDA can only run the math kernel (mem-efficient has no GQA, flash takes no
+    mask): float32 upcast, K/V repeated G times, [B, Hq, T, S] float32 scores.
+    Queries go in blocks of C rows with B * Hq * C * S <= ``_SCORE_BUDGET``, which bounds the folded mask
+    and, should a backend still fall back to math, its scores (the first absorb after a prefill has
+    T = the prompt width).
     """
     bsz, n_q, q_len, hd = q.shape
     n_kv, kv_len = k.shape[1], k.shape[2]
-    rep = n_q // n_kv
-    qg = q.view(bsz, n_kv, rep, q_len, hd)  # group query heads by their kv head (no kv copy)
-    kt = k.transpose(-1, -2).unsqueeze(2)  # [B, Hkv, 1, hd, S]
-    vg = v.unsqueeze(2)  # [B, Hkv, 1, S, hd]
+    group = n_q // n_kv
+    qg = q.reshape(bsz, n_kv, group, q_len, hd)  # a view: heads kv*G .. kv*G + G-1 share kv head kv
     chunk = max(1, _SCORE_BUDGET // max(1, bsz * n_q * kv_len))
-    outs = []
+    if chunk >= q_len:
+        return _folded_sdpa(qg, k, v, mask).reshape(bsz, n_q, q_len, hd)
+    out = q.new_empty(bsz, n_kv, group, q_len, hd)  # blocks written in place: no second copy to concatenate
     for start in range(0, q_len, chunk):
         stop = min(start + chunk, q_len)
-        scores = torch.matmul(qg[..., start:stop, :], kt).float() * hd**-0.5  # [B, Hkv, rep, C, S]
-        if mask is not None:
-            scores = scores + mask[:, :, None, start:stop, :].float()  # [B|1, 1, 1, C, S]
-        probs = torch.softmax(scores, dim=-1).to(v.dtype)
-        outs.append(torch.matmul(probs, vg))  # [B, Hkv, rep, C, hd]
-    return torch.cat(outs, dim=3).reshape(bsz, n_q, q_len, hd)
+        block_mask = None if mask is None else mask[:, :, start:stop]
+        out[:, :, :, start:stop] = _folded_sdpa(qg[:, :, :, start:stop], k, v, block_mask)
+    return out.view(bsz, n_q, q_len, hd)
+
+
+def _folded_sdpa(
+    qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """qg [B, Hkv, G, C, hd] (query head g of kv head h), k/v [B, Hkv, S, hd], mask [B|1, 1, C, S] or None
+    -> [B, Hkv, G, C, hd] through one SDPA call over the folded query [B, Hkv, G*C, hd]."""
+    bsz, n_kv, group, rows, hd = qg.shape
+    folded_q = qg.reshape(bsz, n_kv, group * rows, hd)  # row g*C + c: head g of the group, query c
+    folded_mask = None if mask is None else _fold_mask(mask, group, qg.dtype)
+    out = F.scaled_dot_product_attention(folded_q, k, v, attn_mask=folded_mask)  # [B, Hkv, G*C, hd]
+    return out.reshape(bsz, n_kv, group, rows, hd)
+
+
+def _fold_mask(mask: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """[B|1, 1, C, S] -> [B|1, 1, G*C, S] in ``dtype`` (row g*C + c is row c): the layout of a folded query.
+
+    One query row (C == 1) or one group needs no copy beyond the dtype's: a broadcasting view."""
+    bm, _, rows, kv_len = mask.shape
+    if group == 1:
+        return mask.to(dtype)
+    if rows == 1:
+        return mask.to(dtype).expand(bm, 1, group, kv_len)
+    folded = torch.empty(bm, 1, group, rows, kv_len, dtype=dtype, device=mask.device)
+    folded.copy_(mask.unsqueeze(2))  # broadcast over G and cast in one copy
+    return folded.view(bm, 1, group * rows, kv_len)
+
+
+# extra head channels of the sink attention in ``TTTBlocks``: 2 carry the sink's score, 1 its weight;
+# padded to 8 so the widened head dim keeps fused kernels' alignment
+_SINK_CHANNELS = 8
 
 
 class TTTBlocks:
     """Keys and values of a training-time-test unroll: one block of T per step, and its attention rule.
 
     Step j's query row t sees block 0's keys s <= t that are real (``key_valid``; always its own) and
-    row t of blocks 1..j: causal over the first block plus the diagonal of every later one.  Rather than
-    a dense [T, (j+1)*T] score matrix that is mostly masked, block 0 gives a [T, T] matrix and every later
-    block one score per row (a batched dot product), so a step costs O(T^2 + jT), not O(jT^2).  The
-    result equals ``attend`` with the dense mask ``marsrl.drafter.train.ttt_attention_mask`` (tested).
+    row t of blocks 1..j: causal over the first block plus the diagonal of every later one.  The result
+    equals dense masked attention over all (j+1)*T keys with ``marsrl.drafter.train.ttt_attention_mask``
+    (tested), at O(T^2 + jT) cost per step, and no [T, T] score matrix is kept for backward:
+
+    - Block 0 runs through fused SDPA with the [T, T] mask (folded over the G query heads of each kv head
+      as ``grouped_attention`` does; built once per unroll, shared by every step).
+    - The j later keys of row t give j scores s_i(t), computed directly.  Their softmax is merged with
+      block 0's by one more key, a "sink", appended to block 0: its score for row t is
+      L_t = logsumexp_i s_i(t), so SDPA gives block 0's keys exactly their weights in the softmax over all
+      keys and the sink the later keys' total weight w_t; row t then adds w_t * softmax(s(t))_i * v_i(t).
+      SDPA scores a key alike for every query row, so L_t enters through two extra query channels
+      (L_t / scale split into a high and a low part, exact in bfloat16) against sink-key channels of 1
+      (block 0's keys: 0), and w_t leaves through an extra value channel (sink 1, block 0: 0).
 
     key_valid: [B, T] bool real tokens.
     """
@@ -116,11 +166,12 @@ class TTTBlocks:
     def __init__(self, key_valid: torch.Tensor) -> None:
         t = key_valid.shape[1]
         lower = torch.ones(t, t, dtype=torch.bool, device=key_valid.device).tril()
-        allowed = (lower & key_valid.unsqueeze(1)) | torch.eye(t, dtype=torch.bool, device=key_valid.device)
-        zero = torch.zeros((), device=key_valid.device)
-        self.mask0 = torch.where(allowed, zero, torch.finfo(torch.float32).min)[:, None, None]  # [B,1,1,T,T]
+        eye = torch.eye(t, dtype=torch.bool, device=key_valid.device)
+        self.allowed = (lower & key_valid.unsqueeze(1)) | eye  # [B, T, T] block 0's rule
         self.keys: list[torch.Tensor] = []  # per step [B, Hkv, T, hd]
         self.values: list[torch.Tensor] = []
+        self._mask: torch.Tensor | None = None  # [B, 1, G*T, T+1] block 0 + sink, built at the first step
+        self._sink_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # block 0 + sink [B, Hkv, T+1, hd+8]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Append this step's k, v [B, Hkv, T, hd] and attend q [B, Hq, T, hd] -> [B, Hq, T, hd]."""
@@ -128,22 +179,59 @@ class TTTBlocks:
         self.values.append(v)
         bsz, n_q, q_len, hd = q.shape
         n_kv = k.shape[1]
-        qg = q.view(bsz, n_kv, n_q // n_kv, q_len, hd)  # [B, Hkv, rep, T, hd]
+        group = n_q // n_kv
+        mask = self._folded_mask(group, q.dtype)  # [B, 1, G*T, T+1]
+        qg = q.reshape(bsz, n_kv, group, q_len, hd)  # a view
+        if len(self.keys) == 1:  # step 0: block 0 only
+            folded_q = qg.reshape(bsz, n_kv, group * q_len, hd)
+            out = F.scaled_dot_product_attention(folded_q, k, v, attn_mask=mask[..., :q_len])
+            return out.reshape(bsz, n_q, q_len, hd)
         scale = hd**-0.5
-        first = torch.matmul(qg, self.keys[0].transpose(-1, -2).unsqueeze(2)).float() * scale + self.mask0
-        scores = [first]  # [B, Hkv, rep, T, T]
-        if len(self.keys) > 1:
-            # one score per row and later block: batched small matmuls over t (no [.., T, j, hd] product)
-            later_k = torch.stack(self.keys[1:], dim=3)  # [B, Hkv, T, j, hd]
-            scores.append(
-                torch.einsum("bhrtd,bhtjd->bhrtj", qg, later_k).float() * scale
-            )  # [B, Hkv, rep, T, j]
-        probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1).to(v.dtype)
-        out = torch.matmul(probs[..., :q_len], self.values[0].unsqueeze(2))  # [B, Hkv, rep, T, hd]
-        if len(self.keys) > 1:
-            later_v = torch.stack(self.values[1:], dim=3)  # [B, Hkv, T, j, hd]
-            out = out + torch.einsum("bhrtj,bhtjd->bhrtd", probs[..., q_len:], later_v)
-        return out.reshape(bsz, n_q, q_len, hd)
+        later = range(1, len(self.keys))
+        # [B, Hkv, G, T, j]: row t against its own key of each later step
+        own = [(qg * self.keys[i].unsqueeze(2)).sum(-1, dtype=torch.float32) for i in later]
+        scores = torch.stack(own, dim=-1) * scale
+        sink_score = torch.logsumexp(scores, dim=-1, keepdim=True) / scale  # [B, Hkv, G, T, 1] float32
+        high = sink_score.to(q.dtype)
+        low = (sink_score - high.float()).to(q.dtype)
+        pad = q.new_zeros(bsz, n_kv, group, q_len, _SINK_CHANNELS - 2)
+        wide_q = torch.cat([qg, high, low, pad], dim=-1).view(bsz, n_kv, group * q_len, hd + _SINK_CHANNELS)
+        wide_k, wide_v = self._block0_with_sink()
+        out = F.scaled_dot_product_attention(wide_q, wide_k, wide_v, attn_mask=mask, scale=scale)
+        out = out.reshape(bsz, n_kv, group, q_len, hd + _SINK_CHANNELS)
+        later_weights = out[..., hd : hd + 1] * torch.softmax(scores, dim=-1).to(q.dtype)  # [B, Hkv, G, T, j]
+        result = out[..., :hd]  # block 0's share
+        for n, i in enumerate(later):
+            result = result + later_weights[..., n : n + 1] * self.values[i].unsqueeze(2)
+        return result.reshape(bsz, n_q, q_len, hd)
+
+    def _folded_mask(self, group: int, dtype: torch.dtype) -> torch.Tensor:
+        """Block 0's rule as an additive mask [B, 1, G*T, T+1] in ``dtype`` (row g*T + t is query row t of
+        head g; the last column, the sink, always visible).  Rows are padded to a multiple of 16 elements
+        (fused kernels' bias alignment) and the view cut back."""
+        if self._mask is None:  # one head layout and dtype per unroll
+            bsz, t, _ = self.allowed.shape
+            width = -(-(t + 1) // 16) * 16
+            buf = torch.zeros(bsz, 1, group, t, width, dtype=dtype, device=self.allowed.device)
+            buf[..., :t].masked_fill_(~self.allowed[:, None, None], torch.finfo(dtype).min)
+            self._mask = buf.view(bsz, 1, group * t, width)[..., : t + 1]
+        return self._mask
+
+    def _block0_with_sink(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block 0's keys and values widened by ``_SINK_CHANNELS`` zeros, with the sink appended: key
+        channels hd, hd+1 = 1 (they meet the query's two score channels), value channel hd = 1."""
+        if self._sink_kv is None:
+            k, v = self.keys[0], self.values[0]
+            bsz, n_kv, t, hd = k.shape
+            zeros = k.new_zeros(bsz, n_kv, t, _SINK_CHANNELS)
+            sink_k = k.new_zeros(bsz, n_kv, 1, hd + _SINK_CHANNELS)
+            sink_k[..., hd : hd + 2] = 1
+            sink_v = v.new_zeros(bsz, n_kv, 1, hd + _SINK_CHANNELS)
+            sink_v[..., hd] = 1
+            wide_k = torch.cat([torch.cat([k, zeros], dim=-1), sink_k], dim=2)
+            wide_v = torch.cat([torch.cat([v, zeros.to(v.dtype)], dim=-1), sink_v], dim=2)
+            self._sink_kv = (wide_k, wide_v)
+        return self._sink_kv
 
 
 class Eagle3Attention(nn.Module):
@@ -186,15 +274,7 @@ class Eagle3Attention(nn.Module):
             attention_mask = causal_mask(q_len, kv_len, x.device)  # None for one query: it sees every key
         else:
             _check_mask(attention_mask, bsz, q_len, kv_len)
-        # fused attention (one op instead of ~15: this layer runs once per drafted token); ``attend`` is its
-        # written-out reference (tests/drafter/test_forward.py)
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=None if attention_mask is None else attention_mask.to(q.dtype),
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )  # [B, Hq, T, hd]
+        out = grouped_attention(q, k, v, attention_mask)  # [B, Hq, T, hd]
         return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, self.num_heads * self.head_dim))
 
 

@@ -23,8 +23,13 @@ Choices worth knowing:
 - Gradients flow through the fed-back hidden states and the earlier steps' keys (as SpecForge).
 - The target's distribution is at temperature 1; the embedding is the target's and never trained.
 
+Memory: the attention keeps no [T, T] scores for backward (``TTTBlocks``), the batch keeps the target's
+logits at the draft vocabulary only, and the loss saves one [B, T, Vd] tensor per step.  At the 8B
+defaults (batch 8, length 2048, 7 steps) a step still needs ~71 GiB, mostly the layer's own activations
+and the per-step log-probabilities (bench/draft_memory.py breaks it down).
+
 Leaves out: data / tensor parallel training, sequence packing, mixed-precision master weights (train the
-head in float32), learning-rate schedules.
+head in float32), learning-rate schedules, activation checkpointing.
 """
 
 from __future__ import annotations
@@ -66,8 +71,14 @@ class DraftBatch:
     Attributes:
         features: [B, T, 3*Ht] the residual stream entering the three aux layers.
         input_ids: [B, T] the sequence tokens.
-        target_logits: [B, T, V] float32; row t is the target's prediction of token t+1.
-        loss_mask: [B, T] bool; the target's distribution at position t is learned iff loss_mask[:, t].
+        target_logits: row t is the target's prediction of token t+1, either [B, T, Vd] float32, the
+            draft vocabulary's columns (column i: target id ``drafter.target_token_ids[i]``; what
+            ``capture_batch(drafter=...)`` and ``refresh_draft`` keep), or the full [B, T, V] row
+            (``ttt_loss`` cuts it to those columns itself).
+        loss_mask: [B, T] bool; the target's distribution at position t is learned iff loss_mask[:, t]
+            (and, with full rows, the target's argmax there is drafted).  With draft columns only it must
+            already exclude positions whose argmax is outside the draft vocabulary (``draft_targets``),
+            which the columns alone cannot tell.
         attention_mask: [B, T] bool real tokens (keys the head may attend to), or None for all.
     """
 
@@ -165,6 +176,27 @@ def _check_id(tok, vocab_size: int, what: str) -> None:
 
 
 @torch.no_grad()
+def draft_targets(
+    drafter: Eagle3Drafter, logits: torch.Tensor, loss_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the TTT loss reads of the target's full logits: the draft vocabulary's columns, and where the
+    target's argmax is drafted (only those positions are learned).
+
+    logits [B, T, V] any float dtype, loss_mask [B, T] -> (logits [B, T, Vd] float32, loss_mask [B, T] bool
+    & the argmax at t is drafted).  Detached; no float32 copy of the full rows is made.  At the 8B
+    defaults (B 8, T 2048, V 151936, Vd 32000) that keeps 2.1 GB instead of 10 GB.
+    """
+    vocab = drafter.config.vocab_size
+    if logits.dim() != 3 or logits.shape[-1] != vocab:
+        raise ValueError(
+            f"logits must be [B, T, V] over the head's target vocabulary V = {vocab}, "
+            f"got {list(logits.shape)}"
+        )
+    drafted = drafter.t2d[logits.argmax(-1)]  # [B, T]
+    return logits.index_select(-1, drafter.target_token_ids).float(), loss_mask.bool() & drafted
+
+
+@torch.no_grad()
 def capture_batch(
     target: nn.Module,
     input_ids: torch.Tensor,
@@ -172,8 +204,13 @@ def capture_batch(
     layer_ids: Sequence[int] | None = None,
     *,
     loss_mask: torch.Tensor | None = None,
+    drafter: Eagle3Drafter | None = None,
 ) -> DraftBatch:
     """One teacher-forced target forward with a ``FeatureTap``: features and detached float32 logits.
+
+    With ``drafter``, only its draft vocabulary's logit columns are kept and the loss mask drops positions
+    whose target argmax is not drafted (``draft_targets``: 4.75x less at the 8B defaults); without, the
+    full [B, T, V] rows.  Either way the target's own [B, T, V] logits (its dtype) exist during the call.
 
     This is exactly what a trainer's own log-prob forward can capture (tap the same layers and keep the
     logits); a trainer that already has them builds a ``DraftBatch`` itself (or calls ``refresh_draft``)
@@ -182,9 +219,11 @@ def capture_batch(
     Args:
         target: an HF causal LM (Llama / Qwen family); its mode and gradients are left alone.
         input_ids: [B, T]; attention_mask: [B, T] 1 for real tokens (left or right padding), None for all.
-        layer_ids: the head's ``config.aux_layer_ids`` (None: the default for the target's depth).
+        layer_ids: the head's ``config.aux_layer_ids`` (None: the drafter's when given, else the default
+            for the target's depth).
         loss_mask: [B, T] target positions to learn; None: every position t whose tokens t and t+1 are
             both real (the target's prediction of a token that is in the data).
+        drafter: the head to be trained (its vocabulary maps and aux layers), or None.
 
     Position ids count real tokens (left padding starts each row at 0, as the engine does).
     Returns tensors on the target's device; features in the target's dtype.
@@ -192,6 +231,8 @@ def capture_batch(
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
     attention_mask = attention_mask.bool()
+    if layer_ids is None and drafter is not None:
+        layer_ids = drafter.config.aux_layer_ids
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     with FeatureTap(target, layer_ids) as tap:
         out = target(
@@ -203,11 +244,16 @@ def capture_batch(
         features = tap.features()  # [B, T, 3*Ht]
     if loss_mask is None:
         loss_mask = attention_mask & F.pad(attention_mask[:, 1:], (0, 1), value=False)
+    if drafter is None:
+        logits, loss_mask = out.logits.float(), loss_mask.bool()
+    else:
+        logits, loss_mask = draft_targets(drafter, out.logits, loss_mask)
+    del out  # the full [B, T, V] rows go before the caller trains
     return DraftBatch(
         features=features,
         input_ids=input_ids,
-        target_logits=out.logits.float(),
-        loss_mask=loss_mask.bool(),
+        target_logits=logits,
+        loss_mask=loss_mask,
         attention_mask=attention_mask,
     )
 
@@ -281,39 +327,50 @@ def ttt_loss(
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     t = batch.input_ids.shape[1]
-    if batch.target_logits.shape[-1] != drafter.config.vocab_size:
-        raise ValueError(
-            f"target_logits has {batch.target_logits.shape[-1]} columns but the head's target vocabulary "
-            f"is {drafter.config.vocab_size}"
-        )
-    logits_t = batch.target_logits.float()  # [B, T, V]
-    draft_ids = drafter.target_token_ids  # [Vd]
-    probs = torch.softmax(logits_t.index_select(-1, draft_ids), dim=-1)  # [B, T, Vd], renormalised
-    top = logits_t.argmax(-1)  # [B, T] target ids
-    learn = batch.loss_mask.bool() & drafter.t2d[top]  # [B, T] at target positions
+    logits_d, learn = _draft_columns(drafter, batch)  # [B, T, Vd] float32, [B, T] bool at target positions
+    # the target's distribution restricted to the draft vocabulary and renormalised, zero where not learned
+    # (a row of -inf logits there must not leak NaN); one tensor for every step (a step's loss saves a view)
+    probs = torch.where(learn.unsqueeze(-1), torch.softmax(logits_d, dim=-1), 0.0)  # [B, T, Vd]
+    top = logits_d.argmax(-1)  # [B, T] draft ids: the target's argmax wherever ``learn`` holds
+    del logits_d
     rows_ok = learn.new_ones(learn.shape) if batch.attention_mask is None else batch.attention_mask.bool()
 
-    total = logits_t.new_zeros(())
+    total = probs.new_zeros(())
     metrics: dict[str, torch.Tensor] = {}
     unrolled = ttt_unroll(drafter, batch.features, batch.input_ids, steps, batch.attention_mask)
     for j, (logits, _) in enumerate(unrolled):
         s = j + 1  # row t learns the target at t + s
         n_rows = max(t - s, 0)
         logp = torch.log_softmax(logits[:, :n_rows], dim=-1)  # [B, T-s, Vd]
-        mask = learn[:, s:] & rows_ok[:, :n_rows]  # [B, T-s]
+        row_ok = rows_ok[:, :n_rows]  # [B, T-s]
+        mask = learn[:, s:] & row_ok
         count = mask.sum()
         denom = count.clamp(min=1)
-        # zero the targets of uncounted positions (a row of -inf logits there must not leak NaN)
-        p = torch.where(mask.unsqueeze(-1), probs[:, s:], 0.0)  # [B, T-s, Vd]
-        loss_j = -(p * logp).sum() / denom
-        agree = (drafter.to_target(logits[:, :n_rows].argmax(-1)) == top[:, s:]) & mask
+        cross = (probs[:, s:] * logp).sum(-1)  # [B, T-s]; 0 where the target is not learned
+        loss_j = -torch.where(row_ok, cross, 0.0).sum() / denom
+        agree = (logits[:, :n_rows].argmax(-1) == top[:, s:]) & mask
         total = total + decay**j * loss_j
         metrics[f"loss_{j}"] = loss_j.detach()
         metrics[f"acc_{j}"] = agree.sum() / denom
         if j == 0:
             metrics["positions"] = count
+        del logits, logp
     metrics["loss"] = total.detach()
     return total, metrics
+
+
+def _draft_columns(drafter: Eagle3Drafter, batch: DraftBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's target logits at the draft vocabulary [B, T, Vd] float32 and the positions to learn."""
+    vocab, vd = drafter.config.vocab_size, drafter.config.draft_vocab_size
+    width = batch.target_logits.shape[-1]
+    if width == vocab:  # full rows (also the Vd == V case: then the columns are the rows)
+        return draft_targets(drafter, batch.target_logits, batch.loss_mask)
+    if width == vd:
+        return batch.target_logits.detach().float(), batch.loss_mask.bool()
+    raise ValueError(
+        f"target_logits has {width} columns but the head's target vocabulary is {vocab} and its draft "
+        f"vocabulary {vd}"
+    )
 
 
 # ---------------------------------------------------------------------------------------- trainer
@@ -426,6 +483,9 @@ def refresh_draft(
     head's ``aux_layer_ids`` with a ``FeatureTap`` during it): features [B, T, 3*Ht], input_ids [B, T],
     the policy's logits [B, T, V] (row t predicts token t+1; detached here, any float dtype), loss_mask
     [B, T] (target positions to learn, e.g. the completion's), attention_mask [B, T] real tokens or None.
+    The logits may instead be a ``DraftBatch``'s draft-vocabulary columns [B, T, Vd], with that batch's
+    loss_mask.  Full rows are cut to the draft columns at once (``draft_targets``), so the refresh never
+    holds a float32 copy of them.
     All four cover the same T positions: a trainer that keeps logits for the completion only must cut
     the features and ids to those positions too (the head then sees no prompt keys).
 
@@ -437,11 +497,15 @@ def refresh_draft(
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    target_logits = target_logits.detach()
+    loss_mask = loss_mask.bool()
+    if target_logits.dim() == 3 and target_logits.shape[-1] == drafter.config.vocab_size:
+        target_logits, loss_mask = draft_targets(drafter, target_logits, loss_mask)
     batch = DraftBatch(
         features=features.detach(),
         input_ids=input_ids,
-        target_logits=target_logits.detach().float(),
-        loss_mask=loss_mask.bool(),
+        target_logits=target_logits.float(),
+        loss_mask=loss_mask,
         attention_mask=None if attention_mask is None else attention_mask.bool(),
     )
     if isinstance(trainer_or_optimizer, DraftTrainer):
@@ -583,7 +647,7 @@ def train_offline(
             idx = schedule[step]
             lens = None if prompt_lens is None else [prompt_lens[i] for i in idx]
             ids, attn, loss_mask = make_batch([sequences[i] for i in idx], max_len, lens, device)
-            batch = capture_batch(target, ids, attn, layer_ids, loss_mask=loss_mask)
+            batch = capture_batch(target, ids, attn, layer_ids, loss_mask=loss_mask, drafter=drafter)
             metrics = trainer.step(batch)
             losses.append(metrics["loss"])
             bar.update(1)

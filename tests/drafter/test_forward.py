@@ -12,6 +12,7 @@ from marsrl.drafter import Eagle3Config, Eagle3Drafter, build_vocab_maps
 from marsrl.drafter import layers as layers_mod
 from marsrl.drafter.layers import apply_rope, rope_cos_sin
 from tests.drafter.helpers import H, V, make_head, randomize_
+from tests.drafter.reference import explicit_attention
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -151,9 +152,10 @@ def test_explicit_causal_mask_equals_default(target):
     torch.testing.assert_close(explicit[0], default[0], **TOL)
 
 
-def test_fused_attention_equals_written_out_reference_with_query_chunks(target, monkeypatch):
-    """The layer's SDPA call against ``attend`` (float32 softmax, one query row per chunk) substituted
-    for it: a prefill over a cache with a ragged mask, then a single-query step."""
+def test_fused_attention_equals_explicit_scores_with_query_blocks(target, monkeypatch):
+    """The layer's ``grouped_attention`` (one query row per block) against explicit float64 scores
+    (tests/drafter/reference.py) substituted for it: a prefill over a cache with a ragged mask, then a
+    single-query step."""
     d = make_head(target)
     ids, hidden, pos = _inputs(d, steps=6)
     allowed = torch.ones(2, 6, 6).tril().bool()
@@ -168,14 +170,9 @@ def test_fused_attention_equals_written_out_reference_with_query_chunks(target, 
             last = d(ids[:, 5:], hidden[:, 5:], pos[:, 5:], cache, mask[:, :, 5:, :])
         return first[0], last[0]
 
+    monkeypatch.setattr(layers_mod, "_SCORE_BUDGET", 2 * 4 * 6)  # one query row per block
     fused = run()
-
-    def reference(q, k, v, attn_mask=None, enable_gqa=False):
-        assert enable_gqa == (q.shape[1] != k.shape[1])
-        return layers_mod.attend(q, k, v, attn_mask)
-
-    monkeypatch.setattr(layers_mod.F, "scaled_dot_product_attention", reference)
-    monkeypatch.setattr(layers_mod, "_SCORE_BUDGET", 2 * 4 * 6)  # one query row per chunk
+    monkeypatch.setattr(layers_mod, "grouped_attention", explicit_attention)
     written = run()
     for a, b in zip(fused, written, strict=True):
         torch.testing.assert_close(a, b, **TOL)

@@ -28,6 +28,7 @@ from marsrl.drafter.train import (
 )
 from marsrl.testing import tiny_causal_lm
 from tests.drafter.helpers import randomize_
+from tests.drafter.reference import old_ttt_loss
 
 V = 64
 
@@ -241,6 +242,61 @@ def test_ttt_loss_ignores_minus_inf_targets_outside_the_counted_positions(target
     loss.backward()
     assert torch.isfinite(loss) and metrics["positions"] < 7
     assert all(torch.isfinite(p.grad).all() for p in train_mod.trainable_parameters(head))
+
+
+def test_ttt_loss_and_gradients_equal_the_former_full_vocabulary_path(target):
+    """The loss over ``capture_batch(drafter=...)``'s draft columns with the fused TTT attention equals the
+    former loss over full float32 logits with explicit scores (tests/drafter/reference.py): the total,
+    every metric and every parameter's gradient, 7 steps, rows of different lengths (right padding)."""
+    head = random_head(target, seed=7)
+    seqs = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], [2, 7, 1, 8, 2, 8, 1, 8, 2], [1, 6, 1, 8, 0, 3, 3]]
+    ids, attn, loss = make_batch(seqs, 12, prompt_lens=[2, 0, 3])
+    full = capture_batch(target, ids, attn, head.config.aux_layer_ids, loss_mask=loss)
+    draft = capture_batch(target, ids, attn, loss_mask=loss, drafter=head)
+    results = []
+    for batch, loss_fn in ((draft, ttt_loss), (full, old_ttt_loss)):
+        head.zero_grad(set_to_none=True)
+        total, metrics = loss_fn(head, batch)
+        total.backward()
+        grads = {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}
+        results.append((metrics, grads))
+    (new_m, new_g), (old_m, old_g) = results
+    assert set(new_m) == set(old_m) and new_m["positions"] > 0
+    for key in old_m:
+        torch.testing.assert_close(new_m[key].float(), old_m[key].float(), rtol=1e-5, atol=1e-6, msg=key)
+    assert set(new_g) == set(old_g) and "midlayer.self_attn.k_proj.weight" in new_g
+    for name, g in old_g.items():
+        torch.testing.assert_close(new_g[name], g, rtol=1e-5, atol=1e-6 * float(g.abs().max()), msg=name)
+
+
+def test_capture_batch_with_a_drafter_keeps_its_draft_columns(target):
+    head = random_head(target)
+    ids, attn, loss = make_batch([[1, 2, 3, 4, 5, 6], [6, 7, 8, 9]], 6)
+    full = capture_batch(target, ids, attn, head.config.aux_layer_ids, loss_mask=loss)
+    draft = capture_batch(target, ids, attn, loss_mask=loss, drafter=head)
+    assert draft.target_logits.shape == (2, 6, 40) and draft.target_logits.dtype == torch.float32
+    torch.testing.assert_close(
+        draft.target_logits, full.target_logits[..., head.target_token_ids], rtol=0, atol=0
+    )
+    drafted = head.t2d[full.target_logits.argmax(-1)]
+    assert not drafted[loss].all()  # some learned positions have an argmax outside the draft vocabulary
+    assert torch.equal(draft.loss_mask, loss & drafted)
+    torch.testing.assert_close(draft.features, full.features, rtol=0, atol=0)
+
+
+def test_refresh_with_draft_columns_equals_refresh_with_full_logits(target):
+    ids, attn, loss = make_batch([[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8]], 8)
+    heads = [random_head(target, seed=4), random_head(target, seed=4)]
+    full = capture_batch(target, ids, attn, heads[0].config.aux_layer_ids, loss_mask=loss)
+    draft = capture_batch(target, ids, attn, loss_mask=loss, drafter=heads[0])
+    out = [
+        refresh_draft(h, DraftTrainer(h, lr=1e-2), b.features, ids, b.target_logits, b.loss_mask, steps=2)
+        for h, b in zip(heads, (full, draft), strict=True)
+    ]
+    assert out[0]["loss_before"] == pytest.approx(out[1]["loss_before"], rel=1e-6)
+    assert out[0]["loss"] == pytest.approx(out[1]["loss"], rel=1e-5)
+    with pytest.raises(ValueError, match="draft vocabulary 40"):
+        ttt_loss(heads[0], DraftBatch(full.features, ids, full.target_logits[..., :50], loss))
 
 
 # ------------------------------------------------------------------------------------------ capture
