@@ -23,6 +23,7 @@ Left out: per-row k (the target forward's width is the batch's largest k anyway)
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 
 
@@ -52,6 +53,25 @@ class CostModel:
     in k per measured batch size (least squares, slope >= 0), interpolated linearly between sizes."""
 
     rounds: dict[int, dict[int, float]] = field(default_factory=dict)
+    # how many round times each figure averages (a calibration figure counts as ``prior``)
+    weight: dict[int, dict[int, float]] = field(default_factory=dict)
+    prior: float = 4.0
+
+    def observe(self, trace: list) -> None:
+        """Fold a call's measured rounds ([start, live rows, k, seconds] each) into the figures: a round
+        with L live rows counts at the measured batch size nearest to L (in log scale), rescaled by the
+        model's ratio between the two sizes; each figure becomes the running mean of what it has seen."""
+        grid = sorted(self.rounds)
+        if not grid:
+            return
+        for _, live, k, seconds in trace:
+            if live < 1 or k not in self.rounds[grid[0]]:
+                continue
+            r = min(grid, key=lambda g: abs(math.log(g / live)))
+            scaled = seconds * self.round_seconds(r, k) / self.round_seconds(live, k)
+            w = self.weight.setdefault(r, {}).get(k, self.prior)
+            self.rounds[r][k] = (self.rounds[r][k] * w + scaled) / (w + 1)
+            self.weight[r][k] = w + 1
 
     def round_seconds(self, rows: int, k: int) -> float:
         grid = sorted(self.rounds)
@@ -63,7 +83,10 @@ class CostModel:
         return max(_interp(grid, at_k, rows), 1e-9)
 
     def to_dict(self) -> dict:
-        return {"rounds": {str(r): {str(k): t for k, t in ks.items()} for r, ks in self.rounds.items()}}
+        return {
+            "rounds": {str(r): {str(k): t for k, t in ks.items()} for r, ks in self.rounds.items()},
+            "weight": {str(r): {str(k): n for k, n in ks.items()} for r, ks in self.weight.items()},
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:

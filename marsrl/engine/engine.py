@@ -156,7 +156,10 @@ class SpeculativeEngine:
             if self.cost_model is None:
                 self.cost_model = self.calibrate()
             planner = KPlanner(self.cost_model, self.config.max_draft_tokens)
-        return self._generate(prompts, sampling, planner)
+        out = self._generate(prompts, sampling, planner)
+        if planner is not None and self.config.adapt_costs:
+            self.cost_model.observe(self.stats["trace"])
+        return out
 
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams, planner) -> list[Trajectory]:
         eos = self._eos_ids(sampling)
@@ -230,12 +233,25 @@ class SpeculativeEngine:
         totals["target_forwards"] += 1
         tcache.set_rows(pad, lens.clone(), pad_host, lens_host)
         logits = self._lm_head(hidden[:, -1])
+        if self._eagle is not None:
+            # the drafter's input pairs (feature at t, token t+1) within the prompt, left-aligned per row
+            # (pair i of row b comes from slot pad[b] + i), absorbed now, once per distinct prompt; the
+            # last pair (the last prompt feature, the first sampled token) waits for the first round
+            at = (pad.unsqueeze(1) + slots).clamp(max=width - 1)  # [P, L]
+            pair_feats = feats.gather(1, at.unsqueeze(-1).expand(-1, -1, feats.shape[-1]))
+            pair_tokens = ids.gather(1, (at + 1).clamp(max=width - 1))
+            inside = [n - 1 for n in lens_host]
+            self._eagle.start(n_pre, dev, pair_feats, pair_tokens, lens - 1, inside, width + room)
+            if max(inside) > 0:
+                self._eagle.absorb()
+            last_feats = feats[:, -1:]  # [P, 1, 3Ht]
         if n_pre < bsz:  # copy each prompt's state to its rows
             src = self._to_device(torch.tensor(src_host))
             tcache.select(src, src_host)
-            logits, ids, pad, lens = (t.index_select(0, src) for t in (logits, ids, pad, lens))
-            feats = feats.index_select(0, src) if feats is not None else None
-            lens_host = [lens_host[i] for i in src_host]
+            logits = logits.index_select(0, src)
+            if self._eagle is not None:
+                self._eagle.select(src, src_host)
+                last_feats = last_feats.index_select(0, src)
         first = sample_plain(
             logits,
             temperature=sampling.temperature,
@@ -245,12 +261,8 @@ class SpeculativeEngine:
         )
         last = first.tokens[:, 0]
         if self._eagle is not None:
-            # drafter input pairs (feature at t, token t+1): the prompt shifted by one, then the first
-            # token; left-aligned per row (pair i of row b comes from slot pad[b] + i)
-            src = (pad.unsqueeze(1) + slots).clamp(max=width - 1)  # [B, L]
-            pair_feats = feats.gather(1, src.unsqueeze(-1).expand(-1, -1, feats.shape[-1]))
-            pair_tokens = torch.cat([ids, last.unsqueeze(1)], 1).gather(1, (src + 1).clamp(max=width))
-            self._eagle.start(bsz, dev, pair_feats, pair_tokens, lens, lens_host, width + room)
+            ones = torch.ones(bsz, dtype=torch.long, device=dev)
+            self._eagle.pend(last_feats, last.unsqueeze(1), ones, [1] * bsz)
         host = self._fetch(first)
         self._tick(clock)
         active = self._record(rows, host, sampling, eos, totals, drafted=None)
@@ -399,27 +411,32 @@ class SpeculativeEngine:
         return res, n, tree.draft_forwards, host
 
     # ------------------------------------------------------------------ adaptive speculation
-    def calibrate(self, rows: Sequence[int] | None = None, context: int = 128, repeats: int = 2):
+    def calibrate(self, rows: Sequence[int] | None = None, context: int = 64, repeats: int = 1):
         """Measure a ``CostModel`` on this engine's models: whole rounds drafting k = 0 .. K tokens for
-        each live batch size in ``rows`` (default 1, 4, 16, ... up to max_batch_size) on random prompts of
-        ``context`` tokens; each figure is the median over ``repeats`` short runs of the rounds in which
-        every row was live.  On a GPU a round already ends in the engine's one device -> host copy, so
-        wall time per round is device time."""
+        about each live batch size in ``rows`` (default 1, 4, 16, ... up to max_batch_size), as groups of
+        up to 8 rows sharing a random prompt of ``context`` tokens (a GRPO batch); each figure is the
+        median over ``repeats`` runs of 4 new tokens (at most 3 rounds) of the rounds in which every row
+        was live.  On a GPU a round already ends in the engine's one device -> host copy, so wall time
+        per round is device time.  Seconds on a CPU for the tiny world at max_batch_size 128."""
         top = self.config.max_batch_size
         rows = sorted(set(rows or [*(4**i for i in range(8) if 4**i < top), top]))
         costs = CostModel()
         gen = torch.Generator().manual_seed(0)
         saved = self.stats
-        for r in rows:
-            prompts = torch.randint(0, self.vocab_size, (r, context), generator=gen).tolist()
+        for want in rows:
+            group = min(8, want)
+            prompts = torch.randint(
+                0, self.vocab_size, (max(want // group, 1), context), generator=gen
+            ).tolist()
+            r = len(prompts) * group
             costs.rounds[r] = {}
+            self._generate(prompts, SamplingParams(max_new_tokens=2, n=group, ignore_eos=True), FixedK(0))
             for k in range(self._k_max + 1):
-                sp = SamplingParams(max_new_tokens=3 * (k + 1), ignore_eos=True, seed=0)
+                sp = SamplingParams(max_new_tokens=4, n=group, ignore_eos=True, seed=0)
                 times = []
-                for rep in range(repeats + 1):  # the first run warms up
+                for _ in range(repeats):
                     self._generate(prompts, sp, FixedK(k))
-                    if rep:
-                        times += [t for _, live, _, t in self._totals["trace"][1:] if live == r]
+                    times += [t for _, live, _, t in self._totals["trace"] if live == r]
                 times.sort()
                 costs.rounds[r][k] = times[len(times) // 2] if times else float("nan")
         self.stats = saved

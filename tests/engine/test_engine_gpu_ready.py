@@ -165,7 +165,7 @@ def test_auto_strict_greedy_equals_hf_with_k_varying(target):
 
 def test_auto_is_deterministic_for_a_seed(target):
     head = Eagle3Drafter.from_target(target)
-    cfg = EngineConfig(num_draft_tokens="auto", max_draft_tokens=5, rule="mars")
+    cfg = EngineConfig(num_draft_tokens="auto", max_draft_tokens=5, rule="mars", adapt_costs=False)
     sp = SamplingParams(temperature=1.0, max_new_tokens=20, n=3, seed=5)
     eng = SpeculativeEngine(target, head, cfg, cost_model=VARYING)
     runs = []
@@ -238,3 +238,14 @@ def test_shared_prefix_prefill_gives_the_unshared_trajectories_bit_for_bit(targe
         out = eng.generate(PROMPTS, sp)
         runs.append([(t.completion_ids, t.behavior_logprobs, t.target_logprobs, t.provenance) for t in out])
     assert runs[0] == runs[1]
+
+
+def test_measured_rounds_sharpen_the_cost_model():
+    costs = CostModel(rounds={1: {0: 1.0, 1: 1.0}, 4: {0: 2.0, 1: 2.0}})
+    costs.observe([[0.0, 4, 1, 4.0], [0.1, 1, 0, 1.0], [0.2, 3, 1, 3.0]])
+    # in order: the 4-row k = 1 figure becomes (2 * 4 + 4) / 5 = 2.4; the 1-row k = 0 one stays 1; the
+    # 3-row round counts at 4 rows, rescaled by model(4, 1) / model(3, 1) = 2.4 / (1 + 1.4 * 2 / 3)
+    scaled = 3.0 * 2.4 / (1 + 1.4 * 2 / 3)
+    assert costs.rounds[4][1] == pytest.approx((2.4 * 5 + scaled) / 6)
+    assert costs.rounds[1][0] == pytest.approx(1.0) and costs.weight[4][1] == 6
+    assert costs.rounds[4][0] == 2.0  # never observed
