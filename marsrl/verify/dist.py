@@ -225,14 +225,21 @@ def check_relax_prob(relax_prob: float, rule: str, temperature: float) -> None:
         )
 
 
-def raise_on_flags(flags: dict[str, torch.Tensor]) -> None:
-    """One host sync for all data checks: each value is a 0-d bool tensor, True meaning 'bad'."""
-    if not flags:
-        return
-    bad = torch.stack(list(flags.values())).tolist()
-    for message, is_bad in zip(flags, bad, strict=True):
+def raise_on_flags(flags: dict[str, torch.Tensor], *values: torch.Tensor) -> list[int]:
+    """One host sync for all data checks: each flag is a 0-d bool tensor, True meaning 'bad'.
+
+    ``values`` (0-d integer tensors the caller needs on the host, e.g. a tree's depth) ride along in the
+    same transfer; returns them as ints once no flag is set."""
+    if not flags and not values:
+        return []
+    parts = [torch.stack(list(flags.values())).long()] if flags else []
+    if values:
+        parts.append(torch.stack(list(values)).long())
+    host = torch.cat(parts).tolist()
+    for message, is_bad in zip(flags, host, strict=False):
         if is_bad:
             raise ValueError(message)
+    return host[len(flags) :]
 
 
 def logit_flags(name: str, z1: torch.Tensor) -> dict[str, torch.Tensor]:

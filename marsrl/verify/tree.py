@@ -42,7 +42,13 @@ top-2 sibling; below it, a sibling with p(s) >= rem q(s) is taken for certain an
 Randomness: one ``torch.rand((B, D*C + 1), dtype=float64, generator=generator)`` per call at T > 0, where
 D is the deepest node and C the most children of any node in the batch; column j*C + k is the k-th
 sibling at depth j, the last column draws the closing token.  None at T = 0.
-Host syncs: three per call (input checks, the tree's D and C, the children table); none per level.
+Host syncs: two per call (the input checks with the tree's D and C, which fix the uniforms' shape; the
+logit checks on the rows the paths used); none per level or per node.
+
+Vectorised over the nodes: every node's sibling walk is computed at once ([B, N+1, C]; a node uses the
+uniforms of its depth), so the accepted path is D gathers of a "next node" table and every recorded
+field a gather along it.  This costs B (N+1) C elementwise work where a walk level by level costs
+B (D+1) C, in ~a third of the ops (dispatches and kernel launches, which dominate at these sizes).
 """
 
 from __future__ import annotations
@@ -112,74 +118,76 @@ _STEP: dict[str, Callable] = {"strict": _step_strict, "mars": _step_mars, "mars_
 
 
 class _Node(NamedTuple):
-    """The verification facts at the current node of every row."""
+    """The verification facts at a set of nodes: leading dims [...] (every node of every row, [B, N+1])."""
 
-    t1: torch.Tensor  # [B]
-    t2: torch.Tensor  # [B]
-    z1: torch.Tensor  # [B]
-    ratio: torch.Tensor  # [B]
-    relax: torch.Tensor  # [B] bool
-    sib_node: torch.Tensor  # [B, C] child node index, -1 for none
-    sib_valid: torch.Tensor  # [B, C] bool
-    sib_tok: torch.Tensor  # [B, C] int64 (0 where invalid)
-    logp_s: torch.Tensor  # [B, C] float64 log p(sibling token)
-    q_s: torch.Tensor  # [B, C] float64
+    t1: torch.Tensor  # [...]
+    t2: torch.Tensor  # [...]
+    z1: torch.Tensor  # [...]
+    ratio: torch.Tensor  # [...]
+    relax: torch.Tensor  # [...] bool
+    sib_node: torch.Tensor  # [..., C] child node index, -1 for none
+    sib_valid: torch.Tensor  # [..., C] bool
+    sib_tok: torch.Tensor  # [..., C] int64 (0 where invalid)
+    logp_s: torch.Tensor  # [..., C] float64 log p(sibling token)
+    q_s: torch.Tensor  # [..., C] float64
 
 
 class _Walk(NamedTuple):
-    a: torch.Tensor  # [B, C] accept probability of each sibling once reached (0 where invalid)
-    reach: torch.Tensor  # [B, C] probability of reaching each sibling
-    removed: torch.Tensor  # [B, C] mass removed from p(s) when s is rejected
-    rem: torch.Tensor  # [B, C] mass left (the adjusted p's total) when each sibling is tried
-    reach_end: torch.Tensor  # [B] probability that every sibling is rejected
-    rem_end: torch.Tensor  # [B] mass left for the closing draw
-    pick: torch.Tensor  # [B] index of the accepted sibling, -1 if none
-    pick_relaxed: torch.Tensor  # [B] bool accepted only by the margin rule
+    p_s: torch.Tensor  # [..., C] float64 p of each sibling token
+    a: torch.Tensor  # [..., C] accept probability of each sibling once reached (0 where invalid)
+    reach: torch.Tensor  # [..., C] probability of reaching each sibling
+    removed: torch.Tensor  # [..., C] mass removed from p(s) when s is rejected
+    rem: torch.Tensor  # [..., C] mass left (the adjusted p's total) when each sibling is tried
+    reach_end: torch.Tensor  # [...] probability that every sibling is rejected
+    rem_end: torch.Tensor  # [...] mass left for the closing draw
+    pick: torch.Tensor  # [...] index of the accepted sibling, -1 if none
+    pick_relaxed: torch.Tensor  # [...] bool accepted only by the margin rule
 
 
 def _walk_siblings(rule: str, node: _Node, u: torch.Tensor, lam: float, greedy: bool) -> _Walk:
-    """Try the siblings of every row's current node in order. u [B, C] float64 uniforms; lam relax_prob;
+    """Try the siblings of every node in ``node`` in order. u [..., C] float64 uniforms; lam relax_prob;
     greedy: T = 0 (the relaxable set is then the raw top-2, else the top-2 within p's support).
 
     Vectorised over the siblings: what rejecting a sibling removes never depends on the mass left before
     it (true of every rule in ``_STEP``), so the masses left are an exclusive cumulative sum, the reach
     probabilities an exclusive cumulative product, and the accepted sibling the first that passes.
+    Only ``pick`` and ``pick_relaxed`` read ``u``.
     """
-    bsz, n_sib = node.sib_node.shape
+    lead, n_sib = node.sib_node.shape[:-1], node.sib_node.shape[-1]
     dev = node.sib_node.device
     if n_sib == 0:
-        ones = torch.ones(bsz, dtype=torch.float64, device=dev)
-        empty = ones.new_zeros(bsz, 0)
-        none = torch.full((bsz,), -1, dtype=torch.long, device=dev)
-        no = torch.zeros(bsz, dtype=torch.bool, device=dev)
-        return _Walk(empty, empty, empty, empty, ones, ones, none, no)
+        ones = torch.ones(lead, dtype=torch.float64, device=dev)
+        empty = ones.new_zeros(*lead, 0)
+        none = torch.full(lead, -1, dtype=torch.long, device=dev)
+        no = torch.zeros(lead, dtype=torch.bool, device=dev)
+        return _Walk(empty, empty, empty, empty, empty, ones, ones, none, no)
     step = _STEP[rule]
     valid = node.sib_valid
-    p_s = node.logp_s.exp()  # [B, C]
-    in_top2 = (node.sib_tok == node.t1.unsqueeze(1)) | (node.sib_tok == node.t2.unsqueeze(1))
+    p_s = node.logp_s.exp()  # [..., C]
+    in_top2 = (node.sib_tok == node.t1.unsqueeze(-1)) | (node.sib_tok == node.t2.unsqueeze(-1))
     if not greedy:  # a token top-k / top-p removed (p = 0) is never relaxed to
         in_top2 &= p_s > 0
-    relax = node.relax.unsqueeze(1).expand(bsz, n_sib)
+    relax = node.relax.unsqueeze(-1).expand_as(in_top2)
 
     def sibling(rem: torch.Tensor) -> _Sibling:
         return _Sibling(p_s, node.q_s, in_top2, relax, rem, u, lam)
 
-    removed = torch.where(valid, step(sibling(torch.ones_like(p_s)))[3], 0.0)  # [B, C]
-    rem = 1 - (removed.cumsum(1) - removed)  # mass left when each sibling is tried
+    removed = torch.where(valid, step(sibling(torch.ones_like(p_s)))[3], 0.0)  # [..., C]
+    rem = 1 - (removed.cumsum(-1) - removed)  # mass left when each sibling is tried
     passed, margin, a, _ = step(sibling(rem))
     a = torch.where(valid, a, 0.0)
-    keep = (1 - a).cumprod(1)  # [B, C] probability that siblings 1..k are all rejected
-    reach = torch.cat([torch.ones_like(keep[:, :1]), keep[:, :-1]], 1)
+    keep = (1 - a).cumprod(-1)  # [..., C] probability that siblings 1..k are all rejected
+    reach = torch.cat([torch.ones_like(keep[..., :1]), keep[..., :-1]], -1)
     take = valid & (passed | margin)
-    first = take.long().argmax(1)  # the first sibling that is taken (0 when none is)
-    found = take.any(1)
+    first = take.long().argmax(-1)  # the first sibling that is taken (0 when none is)
+    found = take.any(-1)
     pick = torch.where(found, first, -1)
-    pick_relaxed = found & ~passed.gather(1, first.unsqueeze(1)).squeeze(1)
-    return _Walk(a, reach, removed, rem, keep[:, -1], 1 - removed.sum(1), pick, pick_relaxed)
+    pick_relaxed = found & ~passed.gather(-1, first.unsqueeze(-1)).squeeze(-1)
+    return _Walk(p_s, a, reach, removed, rem, keep[..., -1], 1 - removed.sum(-1), pick, pick_relaxed)
 
 
 def _unsupported(rule: str, lam: float, node: _Node, walk: _Walk) -> torch.Tensor:
-    """The p-mass at each row's node that the walk cannot emit (b = 0 < p), [B] float64.
+    """The p-mass at each node that the walk cannot emit (b = 0 < p), [...] float64.
 
     Reachable are the siblings tried with a positive chance, up to the first one taken for certain
     (a = 1), and, when no sibling is certain, every token of the closing draw (all of p's support: only
@@ -190,11 +198,11 @@ def _unsupported(rule: str, lam: float, node: _Node, walk: _Walk) -> torch.Tenso
     """
     if rule == "strict" or (rule == "mars" and lam < 1):
         return torch.zeros_like(walk.reach_end)
-    p_s = node.logp_s.exp()
+    p_s = walk.p_s
     certain = node.sib_valid & (walk.a >= 1) & (walk.reach > 0)  # the first certain sibling, if any
-    cut = (certain & (p_s < walk.rem)).any(1)
+    cut = (certain & (p_s < walk.rem)).any(-1)
     reachable = (walk.reach * walk.a > 0).double()
-    mass = (1 - (reachable * p_s).sum(1)).clamp(0, 1)
+    mass = (1 - (reachable * p_s).sum(-1)).clamp(0, 1)
     return torch.where(cut, mass, 0.0)
 
 
@@ -251,7 +259,6 @@ def verify_tree(
         flags["draft_probs must be in (0, 1] on every non-padding node"] = (
             valid & ~((draft_probs > 0) & (draft_probs <= 1))
         ).any()
-    raise_on_flags(flags)
 
     # --- tree structure: depth of every node, and a [B, N+1, C] children table ---
     # depth by pointer jumping (list ranking): after r rounds ``up`` is each row's 2^r-th ancestor and
@@ -263,10 +270,12 @@ def verify_tree(
         depth, up = depth + depth.gather(1, up), up.gather(1, up)
     member = F.one_hot(slot, n1) * valid.unsqueeze(-1)  # [B, N, N+1]
     rank = (member.cumsum(1) * member).sum(-1) - 1  # [B, N] position among its siblings
-    max_children, max_depth = torch.stack([member.sum(1).max(), (depth[:, 1:] * valid).max()]).tolist()
-    children = torch.full((bsz, n1, max(max_children, 1)), -1, dtype=torch.long, device=dev)
-    b_idx, n_idx = valid.nonzero(as_tuple=True)
-    children[b_idx, slot[b_idx, n_idx], rank[b_idx, n_idx]] = n_idx
+    # the one host sync before the walk: the input checks, and C and D (they fix the uniforms' shape)
+    max_children, max_depth = raise_on_flags(flags, member.sum(1).max(), (depth[:, 1:] * valid).max())
+    # node i goes to column rank[i] of its parent's row; padding nodes to a spare column N, cut off below
+    children = torch.full((bsz, n1, n1), -1, dtype=torch.long, device=dev)
+    sib_col = torch.where(valid, rank, n)
+    children.view(bsz, -1).scatter_(1, slot * n1 + sib_col, node_ids.expand(bsz, n))
     children = children[:, :, :max_children]
 
     u = (
@@ -278,8 +287,10 @@ def verify_tree(
     )
     rows = torch.arange(bsz, device=dev)
 
-    # the target's distribution at every node at once ([B, N+1] positions), and the log-probability of
-    # each node's children there ([B, N+1, C]); each level below only gathers its rows
+    # --- every node's sibling walk at once ([B, N+1] nodes by logits row, [B, N+1, C] siblings) ---
+    # the target's distribution at every node, the log-probability of each node's children there, and
+    # the uniforms of each node's depth: column depth * C + k for its k-th child (a node at depth D has
+    # no children; padding rows' walks are never read).  The path below only gathers from these tables.
     d = target_dist(z, temperature, top_k, top_p)
     ratio_all = margin_ratio(d.z1, d.z2)
     relax_all = ratio_all > theta if rule_eff == "mars_code" else relaxable(d.z1, ratio_all, theta)
@@ -292,23 +303,36 @@ def verify_tree(
         if draft_probs is not None
         else torch.ones(children.shape, dtype=torch.float64, device=dev)
     )
+    nodes = _Node(
+        d.t1, d.t2, d.z1, ratio_all, relax_all, children, children >= 0, child_tok, logp_children, q_children
+    )
+    u_col = depth.unsqueeze(-1) * max_children + torch.arange(max_children, device=dev)  # [B, N+1, C]
+    u_nodes = u.gather(1, u_col.clamp(max=max(max_depth * max_children - 1, 0)).view(bsz, -1))
+    walk = _walk_siblings(rule_eff, nodes, u_nodes.view_as(children), lam, greedy)
+    unsup = _unsupported(rule_eff, lam, nodes, walk)  # [B, N+1]
+    found = walk.pick >= 0  # [B, N+1] the walk at this node accepts a child
 
-    def at_node(cur: torch.Tensor) -> _Node:
-        sib_node = children[rows, cur]  # [B, C]
-        return _Node(
-            d.t1[rows, cur],
-            d.t2[rows, cur],
-            d.z1[rows, cur],
-            ratio_all[rows, cur],
-            relax_all[rows, cur],
-            sib_node,
-            sib_node >= 0,
-            child_tok[rows, cur],
-            logp_children[rows, cur],
-            q_children[rows, cur],
-        )
+    # --- the accepted path: the logits row of the node each row stands at before level j, [B, D+1] ---
+    # a row whose walk accepts nothing stays where it is, so its later levels are rejections too
+    k = walk.pick.clamp(min=0).unsqueeze(-1)  # [B, N+1, 1]
+    at_pick = lambda t: t.gather(-1, k).squeeze(-1)  # noqa: E731  [B, N+1, C] -> [B, N+1]
+    if max_depth:
+        next_row = torch.where(found, at_pick(children) + 1, torch.arange(n1, device=dev))
+    cur = torch.zeros(bsz, dtype=torch.long, device=dev)
+    steps = [cur]
+    for _ in range(max_depth):
+        cur = next_row.gather(1, cur.unsqueeze(1)).squeeze(1)
+        steps.append(cur)
+    path_rows = torch.stack(steps, 1)  # [B, D+1]; column D is where each path stopped
+    # the rows used: every node on a path (NaN / inf checks on them only)
+    row_max = d.z1.gather(1, path_rows).amax(1)  # NaN propagates; -inf only if every row used is
+    raise_on_flags(logit_flags("target_logits (rows on the verified paths)", row_max))
 
+    # --- the accepted tokens: per node, what accepting its picked child records; then along the path ---
     width = max_depth + 1
+    along = lambda t: t.gather(1, path_rows[:, :max_depth])  # noqa: E731  [B, N+1] -> [B, D]
+    acc = along(found)
+    n_acc = acc.sum(1)
     tokens = torch.full((bsz, width), -1, dtype=torch.long, device=dev)
     path_nodes = torch.full_like(tokens, -1)
     prov = torch.zeros(bsz, width, dtype=torch.int8, device=dev)
@@ -317,52 +341,41 @@ def verify_tree(
     ratios = torch.zeros_like(target_lp)
     unsupported = torch.zeros_like(target_lp)
     is_top2 = torch.zeros(bsz, width, dtype=torch.bool, device=dev)
-    row_max = torch.full((bsz,), float("-inf"), device=dev)  # for the NaN / inf checks on rows used
-
-    cur = torch.zeros(bsz, dtype=torch.long, device=dev)  # logits row of the current node
-    alive = torch.ones(bsz, dtype=torch.bool, device=dev)
-    n_acc = torch.zeros(bsz, dtype=torch.long, device=dev)
-    for j in range(max_depth):
-        node = at_node(cur)
-        row_max = torch.maximum(row_max, torch.where(alive, node.z1, float("-inf")))
-        walk = _walk_siblings(rule_eff, node, u[:, j * max_children : (j + 1) * max_children], lam, greedy)
-        acc = alive & (walk.pick >= 0)
-        k = walk.pick.clamp(min=0).unsqueeze(1)
-        pick = lambda t, k=k: t.gather(1, k).squeeze(1)  # noqa: E731
-        leftover = (pick(node.logp_s).exp() - pick(walk.removed)) / walk.rem_end.clamp_min(1e-300)
-        b = pick(walk.reach) * pick(walk.a) + torch.where(walk.reach_end > 0, walk.reach_end * leftover, 0.0)
-        tok = pick(node.sib_tok)
+    if max_depth:
+        logp_pick = at_pick(logp_children)
+        leftover = (at_pick(walk.p_s) - at_pick(walk.removed)) / walk.rem_end.clamp_min(1e-300)
+        b = at_pick(walk.reach) * at_pick(walk.a)
+        b = b + torch.where(walk.reach_end > 0, walk.reach_end * leftover, 0.0)
+        tok = at_pick(child_tok)
         code = torch.where(walk.pick_relaxed, int(Provenance.RELAXED), int(Provenance.ACCEPTED))
-        tokens[:, j] = torch.where(acc, tok, -1)
-        path_nodes[:, j] = torch.where(acc, pick(node.sib_node), -1)
-        prov[:, j] = torch.where(acc, code, int(Provenance.PAD)).to(torch.int8)
-        target_lp[:, j] = torch.where(acc, pick(node.logp_s).float(), 0.0)
-        behavior_lp[:, j] = torch.where(acc, b.clamp_min(0).log().float(), 0.0)
-        ratios[:, j] = torch.where(acc, node.ratio, 0.0)
-        unsupported[:, j] = torch.where(acc, _unsupported(rule_eff, lam, node, walk), 0.0).float()
-        is_top2[:, j] = acc & (tok == node.t2)
-        n_acc += acc
-        cur = torch.where(acc, pick(node.sib_node) + 1, cur)
-        alive = acc
+        head = slice(0, max_depth)
+        tokens[:, head] = torch.where(acc, along(tok), -1)
+        path_nodes[:, head] = torch.where(acc, along(at_pick(children)), -1)
+        prov[:, head] = torch.where(acc, along(code), int(Provenance.PAD)).to(torch.int8)
+        target_lp[:, head] = torch.where(acc, along(logp_pick).float(), 0.0)
+        behavior_lp[:, head] = torch.where(acc, along(b.clamp_min(0).log().float()), 0.0)
+        ratios[:, head] = torch.where(acc, along(ratio_all), 0.0)
+        unsupported[:, head] = torch.where(acc, along(unsup), 0.0).float()
+        is_top2[:, head] = acc & along(tok == d.t2)
 
     # --- the closing token at the node where each row's path stopped ---
-    node = at_node(cur)
-    row_max = torch.maximum(row_max, node.z1)
-    raise_on_flags(logit_flags("target_logits (rows on the verified paths)", row_max))
-    walk = _walk_siblings(rule_eff, node, torch.zeros_like(node.logp_s), lam, greedy)
-    has_children = node.sib_valid.any(dim=1)
+    at_end = lambda t: t[rows, cur]  # noqa: E731  [B, N+1, ...] -> [B, ...]
+    sib_tok, sib_valid = at_end(child_tok), at_end(children) >= 0
+    reach, a, removed = at_end(walk.reach), at_end(walk.a), at_end(walk.removed)  # [B, C]
+    reach_end = at_end(walk.reach_end)
+    has_children = sib_valid.any(dim=1)
     if greedy:
-        y = node.t1
+        y = at_end(d.t1)
         w_y_frac = torch.ones(bsz, dtype=torch.float64, device=dev)
         logp_y = torch.zeros_like(w_y_frac)
     else:
         p_row = dist_probs(d, (rows, cur))  # [B, V] the sampling distribution where each path stopped
-        w = p_row.double().scatter_add(1, node.sib_tok, -walk.removed).clamp_min(0)  # [B, V]
+        w = p_row.double().scatter_add(1, sib_tok, -removed).clamp_min(0)  # [B, V]
         y = sample_from_weights(w, u[:, -1])
         w_y_frac = w.gather(1, y.unsqueeze(1)).squeeze(1) / w.sum(1).clamp_min(1e-300)
         logp_y = p_row.gather(1, y.unsqueeze(1)).squeeze(1).double().log()
-    via_sibling = ((node.sib_tok == y.unsqueeze(1)) & node.sib_valid) * walk.reach * walk.a
-    b = via_sibling.sum(1) + walk.reach_end * w_y_frac
+    via_sibling = ((sib_tok == y.unsqueeze(1)) & sib_valid) * reach * a
+    b = via_sibling.sum(1) + reach_end * w_y_frac
     code = torch.where(has_children, int(Provenance.RESAMPLED), int(Provenance.BONUS)).to(torch.int8)
     col = n_acc.unsqueeze(1)
     put = lambda dst, val: dst.scatter_(1, col, val.to(dst.dtype).unsqueeze(1))  # noqa: E731
@@ -370,9 +383,9 @@ def verify_tree(
     put(prov, code)
     put(target_lp, logp_y)
     put(behavior_lp, b.clamp_min(0).log())
-    put(ratios, node.ratio)
-    put(unsupported, _unsupported(rule_eff, lam, node, walk))  # a leaf (bonus) has no siblings: 0
-    put(is_top2, y == node.t2)
+    put(ratios, at_end(ratio_all))
+    put(unsupported, at_end(unsup))  # a leaf (bonus) has no siblings: 0
+    put(is_top2, y == at_end(d.t2))
 
     return TreeVerifyResult(
         tokens=tokens,
