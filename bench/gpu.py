@@ -238,6 +238,63 @@ def count_syncs(device: torch.device, fn) -> int | None:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
+def exactness(target, head, device: torch.device, args) -> dict:
+    """bf16 numerics on the device: (1) the verify logits' margin decision z2/z1 > 0.9 at near-tie
+    positions (float64 ratio within 0.02 of 0.9) from the engine's float32-output head vs a float64
+    reference, beside the plain bf16 GEMM; (2) greedy completions: marsrl plain vs HF ``generate``
+    (both argmax, different logit precision: ties may part them), strict K = 7 chain vs marsrl plain
+    (same float32 head, different forward widths); (3) the shared-prefix prefill vs the unshared one
+    (bit-identical on the CPU; cuBLAS may pick other kernels for other batch sizes)."""
+    from marsrl.engine.engine import fp32_linear
+
+    res: dict = {}
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    hid = target.config.hidden_size
+    w = target.lm_head.weight
+    h = target.model.norm(torch.randn(2048, hid, generator=gen).to(device, torch.bfloat16) * 3)
+    ref = (h.double() @ w.double().t()).topk(2, -1).values
+    ratio = ref[:, 1] / ref[:, 0]
+    near = (ref[:, 0] > 0) & ((ratio - 0.9).abs() < 0.02)
+
+    def decisions(logits):
+        v = logits.double().topk(2, -1).values
+        return (v[:, 1] / v[:, 0] > 0.9)[near]
+
+    want = decisions(ref)
+    res["near_tie_positions"] = int(near.sum())
+    res["fp32_head_decisions_equal_float64"] = int((decisions(fp32_linear(h, w)) == want).sum())
+    res["bf16_gemm_decisions_equal_float64"] = int(
+        (decisions(torch.nn.functional.linear(h, w)) == want).sum()
+    )
+    del ref
+    prompts = torch.randint(0, target.config.vocab_size, (4, 16), generator=gen).tolist()
+    n = 8 if args.cpu_smoke else 32
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True)
+    plain = [t.completion_ids for t in SpeculativeEngine(target).generate(prompts, greedy)]
+    with torch.inference_mode():
+        hf = target.generate(torch.tensor(prompts, device=device), do_sample=False, max_new_tokens=n)
+    hf = hf[:, 16:].tolist()
+    chain = SpeculativeEngine(target, head, EngineConfig(num_draft_tokens=7))
+    spec = [t.completion_ids for t in chain.generate(prompts, greedy)]
+
+    def agree(a, b):  # tokens equal up to each row's first difference
+        total = 0
+        for r, q in zip(a, b, strict=True):
+            total += next((i for i, (x, y) in enumerate(zip(r, q, strict=True)) if x != y), len(r))
+        return total
+
+    res["greedy_tokens"] = 4 * n
+    res["plain_vs_hf_tokens_before_first_difference"] = agree(plain, hf)
+    res["strict_chain_vs_plain_tokens_before_first_difference"] = agree(spec, plain)
+    sampled = SamplingParams(temperature=1.0, max_new_tokens=n, n=8, seed=3)
+    runs = []
+    for share in (True, False):
+        e = SpeculativeEngine(target, head, EngineConfig(rule="mars", num_draft_tokens=3, share_prefix=share))
+        runs.append([(t.completion_ids, t.behavior_logprobs) for t in e.generate(prompts[:2], sampled)])
+    res["shared_prefix_bit_identical"] = runs[0] == runs[1]
+    return res
+
+
 def run(args) -> dict:
     budget = Budget(args.max_seconds)
     smoke = args.cpu_smoke
@@ -287,6 +344,11 @@ def run(args) -> dict:
     if budget.allows("weight_update", 5.0 if smoke else WEIGHTS_BUDGET_S):
         out["weight_update"] = weight_update(target, device)
         log(f"weight update: {out['weight_update']}")
+        save()
+
+    if budget.allows("exactness", 5.0 if smoke else 45.0):
+        out["exactness"] = exactness(target, head, device, args)
+        log(f"exactness: {out['exactness']}")
         save()
 
     profile_ok = option_supported(EngineConfig, profile=True)
