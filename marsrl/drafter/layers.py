@@ -17,6 +17,9 @@ from torch import nn
 
 from .config import Eagle3Config
 
+# ``grouped_attention`` on a CPU: False = one SDPA call with enable_gqa (the CPU kernel's own GQA; faster
+# there), True = the folded path every other device takes (the tests set it to check that path here)
+FOLD_ON_CPU = False
 # Query block size of ``grouped_attention``: B * Hq * C * S <= this many elements (a float32 score block of
 # at most 512 MB, were a backend to build one; the folded mask is G/Hq of that).
 _SCORE_BUDGET = 2**27
@@ -99,6 +102,9 @@ def grouped_attention(
     bsz, n_q, q_len, hd = q.shape
     n_kv, kv_len = k.shape[1], k.shape[2]
     group = n_q // n_kv
+    if q.device.type == "cpu" and not FOLD_ON_CPU:
+        # torch's CPU flash kernel takes GQA with a mask as it is; folding only adds copies there
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=group > 1)
     qg = q.reshape(bsz, n_kv, group, q_len, hd)  # a view: heads kv*G .. kv*G + G-1 share kv head kv
     chunk = max(1, _SCORE_BUDGET // max(1, bsz * n_q * kv_len))
     if chunk >= q_len:

@@ -36,6 +36,12 @@ class ViewCache:
         return self.k[:, :end].transpose(1, 2), self.v[:, :end].transpose(1, 2)
 
 
+@pytest.fixture(autouse=True)
+def _fold_on_cpu(monkeypatch):
+    """The folded path is what a GPU runs; on the CPU grouped_attention would take enable_gqa instead."""
+    monkeypatch.setattr(layers_mod, "FOLD_ON_CPU", True)
+
+
 def _qkv(group, q_len, kv_len, seed=0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, HKV * group, q_len, HD, generator=g)

@@ -170,6 +170,7 @@ def test_fused_attention_equals_explicit_scores_with_query_blocks(target, monkey
             last = d(ids[:, 5:], hidden[:, 5:], pos[:, 5:], cache, mask[:, :, 5:, :])
         return first[0], last[0]
 
+    monkeypatch.setattr(layers_mod, "FOLD_ON_CPU", True)  # the GPU's path, on the CPU
     monkeypatch.setattr(layers_mod, "_SCORE_BUDGET", 2 * 4 * 6)  # one query row per block
     fused = run()
     monkeypatch.setattr(layers_mod, "grouped_attention", explicit_attention)
