@@ -77,8 +77,9 @@ def target_attention(model):
         yield
         return
     _register()
-    cfg._attn_implementation = NAME
+    # the private field, not the property: its setter walks every sub-config, twice per forward
+    cfg._attn_implementation_internal = NAME
     try:
         yield
     finally:
-        cfg._attn_implementation = before
+        cfg._attn_implementation_internal = before

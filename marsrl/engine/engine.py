@@ -25,6 +25,7 @@ is shorter than prompt + completion is refused), continuous batching of new requ
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -508,7 +509,8 @@ class SpeculativeEngine:
         from ..drafter import FeatureTap
 
         def forward():
-            with target_attention(self.target):
+            # one query a row (plain steps) is transformers' own packed-GQA path already
+            with target_attention(self.target) if ids.shape[1] > 1 else contextlib.nullcontext():
                 return self.target.model(
                     input_ids=ids, position_ids=pos, attention_mask=mask, cache=tcache.cache, use_cache=True
                 ).last_hidden_state
