@@ -116,6 +116,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--world", type=Path, default=None, help="a built world's folder (default: the preset's)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128], help="sequences per call")
     ap.add_argument("--group", type=int, default=8, help="completions per prompt where B >= group")
+    ap.add_argument(
+        "--calls",
+        type=int,
+        default=3,
+        help="engine calls per measurement, each on other prompts (one prompt's 128 tokens at B = 1 is "
+        "a handful of rounds: its sampling noise would decide the comparison)",
+    )
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 3, 5, 7], help="fixed chain lengths")
     ap.add_argument("--tree", type=int, nargs=3, default=[4, 5, 24], metavar=("TOP_K", "DEPTH", "TOTAL"))
     ap.add_argument("--theta", type=float, default=0.9)
@@ -147,7 +154,7 @@ def main(argv=None) -> dict:
     n_new = args.new_tokens or cfg.max_new_tokens
     eos, pad = tok.eos_token_id, tok.pad_token_id
     max_batch = max(args.batches)
-    n_prompts = max(b // args.group if b >= args.group else b for b in args.batches)
+    n_prompts = args.calls * max(b // args.group if b >= args.group else b for b in args.batches)
     prompts = [chat_prompt_ids(tok, p["question"]) for p in heldout_problems(cfg, n_prompts)]
     profile = option_supported(EngineConfig, profile=True)
     cfgs, auto_ok = engine_configs(args, max_batch, profile)
@@ -167,19 +174,27 @@ def main(argv=None) -> dict:
         log(f"auto: cost model measured in {calibration} s (shared by {len(autos)} engines)")
     systems = ["hf_generate", *engines]
 
-    def shape(batch: int) -> tuple[list[list[int]], int]:
+    def shape(batch: int, call: int = 0) -> tuple[list[list[int]], int]:
+        """The prompts of one measured call: ``--calls`` calls per measurement take disjoint slices."""
         g = args.group if batch >= args.group else 1
-        return prompts[: batch // g], g
+        n = batch // g
+        return prompts[call * n : (call + 1) * n], g
 
     def measure(batch: int, name: str, rep: int) -> dict:
-        group_prompts, g = shape(batch)
+        _, g = shape(batch)
         last: dict = {}
         if name == "hf_generate":
-            rows = [p for p in group_prompts for _ in range(g)]
-            width = max(len(p) for p in rows)
-            ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows])
 
             def call() -> int:
+                made = 0
+                for c in range(args.calls):
+                    rows = [p for p in shape(batch, c)[0] for _ in range(g)]
+                    width = max(len(p) for p in rows)
+                    ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows])
+                    made += hf_call(ids, width, rep)
+                return made
+
+            def hf_call(ids, width, rep) -> int:
                 torch.manual_seed(rep)
                 with torch.inference_mode():
                     out = target.generate(
@@ -199,9 +214,12 @@ def main(argv=None) -> dict:
             sp = SamplingParams(temperature=1.0, max_new_tokens=n_new, eos_token_id=eos, n=g, seed=rep)
 
             def call() -> int:
-                trajs = eng.generate(group_prompts, sp)
-                last.update(eng.stats)
-                return sum(len(t.completion_ids) for t in trajs)
+                made = 0
+                for c in range(args.calls):  # the breakdown and K figures are the last call's
+                    trajs = eng.generate(shape(batch, c)[0], sp)
+                    last.update(eng.stats)
+                    made += sum(len(t.completion_ids) for t in trajs)
+                return made
 
         wall, tokens, calls = timed(call, args.min_seconds)
         log(f"B={batch} rep={rep} {name}: {tokens / wall:.0f} tok/s ({calls} call(s), {wall:.2f} s)")
@@ -249,7 +267,7 @@ def main(argv=None) -> dict:
             row["ratio_to_marsrl_plain"] = round(med[name] / med["plain"], 3)
             row["ratio_to_hf_generate"] = round(med[name] / med["hf_generate"], 3)
         medians[f"batch_{batch}"] = med
-        out["results"][f"batch_{batch}"] = {"prompts": len(group_prompts), "group": g, "systems": rows}
+        out["results"][f"batch_{batch}"] = {"prompts": len(group_prompts), "calls": args.calls, "group": g, "systems": rows}
 
     top = f"batch_{max_batch}"
     out["tail"] = {
