@@ -267,7 +267,12 @@ def main(argv=None) -> dict:
             row["ratio_to_marsrl_plain"] = round(med[name] / med["plain"], 3)
             row["ratio_to_hf_generate"] = round(med[name] / med["hf_generate"], 3)
         medians[f"batch_{batch}"] = med
-        out["results"][f"batch_{batch}"] = {"prompts": len(group_prompts), "calls": args.calls, "group": g, "systems": rows}
+        out["results"][f"batch_{batch}"] = {
+            "prompts": len(group_prompts),
+            "calls": args.calls,
+            "group": g,
+            "systems": rows,
+        }
 
     top = f"batch_{max_batch}"
     out["tail"] = {
