@@ -79,8 +79,11 @@ class _RaggedLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return -1
 
-    def crop(self, tokens_to_remove: int) -> None:  # transformers' convention: a negative count
-        self.width = max(0, self.width + tokens_to_remove) if tokens_to_remove < 0 else tokens_to_remove
+    def crop(self, tokens_to_remove: int) -> None:
+        """transformers' convention: drop ``-tokens_to_remove`` slots from the end (a negative count)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of slots to drop, got {tokens_to_remove}")
+        self.width = max(0, self.width + tokens_to_remove)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         raise NotImplementedError("rows leave a RaggedCache through RaggedCache.select")
