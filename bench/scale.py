@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import statistics
 import sys
@@ -135,7 +136,8 @@ def main(argv=None) -> dict:
         "--calibration-context",
         type=int,
         default=None,
-        help="prompt tokens of the adaptive cost-model measurement (default: the engine's; tests: short)",
+        help="measure the adaptive cost model on random prompts of this many tokens (default: on the "
+        "run's own prompts; tests: short)",
     )
     args = ap.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
@@ -166,7 +168,11 @@ def main(argv=None) -> dict:
     if autos and hasattr(autos[0], "calibrate"):
         # the cost model depends on the models only, not the rule: measured once, shared
         start = time.perf_counter()
-        kw = {} if args.calibration_context is None else {"context": args.calibration_context}
+        # on the run's own prompts (as an engine's first call does), or random ones of a given length
+        if args.calibration_context is not None:
+            kw = {"context": args.calibration_context}
+        else:  # an older engine's calibrate takes no prompts
+            kw = {"prompts": prompts} if "prompts" in inspect.signature(autos[0].calibrate).parameters else {}
         model = autos[0].calibrate(**kw)
         calibration = round(time.perf_counter() - start, 3)
         for eng in autos:

@@ -49,8 +49,11 @@ def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 @dataclass
 class CostModel:
     """Measured seconds of one whole round (draft, target forward, verification, commit, record) for
-    ``rows`` live rows drafting k tokens: ``rounds[rows][k]``, k = 0 a plain step.  The model is a line
-    in k per measured batch size (least squares, slope >= 0), interpolated linearly between sizes."""
+    ``rows`` live rows drafting k tokens: ``rounds[rows][k]``, k = 0 a plain step.  Per measured batch
+    size the model is the plain step's own figure at k = 0 and a line in k through the k >= 1 figures
+    (least squares, slope >= 0, never below the plain step): a speculative round pays the drafter's
+    absorb and a wider forward even at k = 1, a step a line through k = 0 would smear over every k.
+    Interpolated linearly between sizes."""
 
     rounds: dict[int, dict[int, float]] = field(default_factory=dict)
     # how many round times each figure averages (a calibration figure counts as ``prior``)
@@ -75,12 +78,19 @@ class CostModel:
 
     def round_seconds(self, rows: int, k: int) -> float:
         grid = sorted(self.rounds)
-        at_k = []
-        for r in grid:
-            ks = sorted(self.rounds[r])
-            a, b = _line(ks, [self.rounds[r][j] for j in ks])
-            at_k.append(a + b * k)
-        return max(_interp(grid, at_k, rows), 1e-9)
+        return max(_interp(grid, [self._at(r, k) for r in grid], rows), 1e-9)
+
+    def _at(self, r: int, k: int) -> float:
+        """The model at a measured batch size r."""
+        figures = self.rounds[r]
+        plain = figures.get(0)
+        ks = sorted(j for j in figures if j > 0)
+        if k == 0 and plain is not None:
+            return plain
+        if not ks:  # only plain steps measured here
+            return plain
+        a, b = _line(ks, [figures[j] for j in ks])
+        return max(a + b * k, plain if plain is not None else 0.0)
 
     def to_dict(self) -> dict:
         return {

@@ -123,6 +123,13 @@ class RaggedCache:
         return self.cache.layers[0].width if self.cache.layers else 0
 
     @property
+    def dense(self) -> bool:
+        """Every row's valid slots are all of [0, width) (host mirrors, no device read): a query that
+        sees its whole row then needs no mask at all."""
+        width = self.width
+        return not any(self._starts) and all(e == width for e in self._ends)
+
+    @property
     def ends(self) -> list[int]:
         """Host copy of each row's end slot (starts + lengths)."""
         return self._ends

@@ -154,8 +154,8 @@ class SpeculativeEngine:
         prompts = self._check_prompts(prompt_ids)
         planner = None
         if self._auto and self.drafter is not None:
-            if self.cost_model is None:
-                self.cost_model = self.calibrate()
+            if self.cost_model is None:  # measured once, on this call's prompts
+                self.cost_model = self.calibrate(prompts=prompts)
             planner = KPlanner(self.cost_model, self.config.max_draft_tokens)
         out = self._generate(prompts, sampling, planner)
         if planner is not None and self.config.adapt_costs:
@@ -309,7 +309,11 @@ class SpeculativeEngine:
         kw = dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, generator=gen)
         if self.drafter is None or k == 0:  # a plain step: one token per target forward
             block = last.unsqueeze(1)
-            mask = tcache.attention_mask(torch.ones(1, 1, 1, dtype=torch.bool, device=dev), self._dtype)
+            # rows without padding or gaps (one prompt, or a group sharing it, decoded plainly) need no
+            # mask: transformers then takes SDPA's unmasked path with packed GQA, as HF generate does
+            mask = None
+            if not tcache.dense:
+                mask = tcache.attention_mask(torch.ones(1, 1, 1, dtype=torch.bool, device=dev), self._dtype)
             start = tcache.width
             clock = self._clock("target_forward")
             hidden, feats = self._target_hidden(block, tcache.lengths.unsqueeze(1), mask, tcache)
@@ -412,32 +416,45 @@ class SpeculativeEngine:
         return res, n, tree.draft_forwards, host
 
     # ------------------------------------------------------------------ adaptive speculation
-    def calibrate(self, rows: Sequence[int] | None = None, context: int = 64, repeats: int = 1):
+    def calibrate(
+        self,
+        rows: Sequence[int] | None = None,
+        context: int = 64,
+        repeats: int = 1,
+        prompts: Sequence[Sequence[int]] | None = None,
+    ):
         """Measure a ``CostModel`` on this engine's models: whole rounds drafting k = 0 .. K tokens for
         about each live batch size in ``rows`` (default 1, 4, 16, ... up to max_batch_size), as groups of
-        up to 8 rows sharing a random prompt of ``context`` tokens (a GRPO batch); each figure is the
-        median over ``repeats`` runs of 4 new tokens (at most 3 rounds) of the rounds in which every row
-        was live.  On a GPU a round already ends in the engine's one device -> host copy, so wall time
-        per round is device time.  Seconds on a CPU for the tiny world at max_batch_size 128."""
+        up to 8 rows sharing a prompt (a GRPO batch).  The prompts are ``prompts`` where given (the first
+        ``generate`` call calibrates on its own, so context lengths and the drafter's acceptance, which
+        sets how many pairs a round absorbs, are the workload's), else random ones of ``context`` tokens.
+        Each figure is the median over ``repeats`` runs of 8 new tokens of the rounds in which every row
+        was live, the first round left out where later ones exist (it absorbs one pair, not a round's
+        worth).  On a GPU a round already ends in the engine's one device -> host copy, so wall time per
+        round is device time.  About 10 s on a CPU for the tiny world at max_batch_size 128."""
         top = self.config.max_batch_size
         rows = sorted(set(rows or [*(4**i for i in range(8) if 4**i < top), top]))
         costs = CostModel()
         gen = torch.Generator().manual_seed(0)
+        given = [list(p) for p in prompts] if prompts else None
         saved = self.stats
         for want in rows:
             group = min(8, want)
-            prompts = torch.randint(
-                0, self.vocab_size, (max(want // group, 1), context), generator=gen
-            ).tolist()
-            r = len(prompts) * group
+            n = max(want // group, 1)
+            if given:
+                batch = [given[i % len(given)] for i in range(n)]
+            else:
+                batch = torch.randint(0, self.vocab_size, (n, context), generator=gen).tolist()
+            r = n * group
             costs.rounds[r] = {}
-            self._generate(prompts, SamplingParams(max_new_tokens=2, n=group, ignore_eos=True), FixedK(0))
+            self._generate(batch, SamplingParams(max_new_tokens=2, n=group, ignore_eos=True), FixedK(0))
             for k in range(self._k_max + 1):
-                sp = SamplingParams(max_new_tokens=4, n=group, ignore_eos=True, seed=0)
+                sp = SamplingParams(max_new_tokens=8, n=group, ignore_eos=True, seed=0)
                 times = []
                 for _ in range(repeats):
-                    self._generate(prompts, sp, FixedK(k))
-                    times += [t for _, live, _, t in self._totals["trace"] if live == r]
+                    self._generate(batch, sp, FixedK(k))
+                    full = [t for _, live, _, t in self._totals["trace"] if live == r]
+                    times += full[1:] or full
                 times.sort()
                 costs.rounds[r][k] = times[len(times) // 2] if times else float("nan")
         self.stats = saved

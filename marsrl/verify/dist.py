@@ -93,7 +93,7 @@ def target_dist(
             if temperature != 1.0:
                 shifted.div_(temperature)
             sums.append(shifted.exp_().sum(dim=-1))
-    cat = lambda parts: torch.cat(parts).view(lead)  # noqa: E731
+    cat = lambda parts: (parts[0] if len(parts) == 1 else torch.cat(parts)).view(lead)  # noqa: E731
     t1, t2, z1, z2 = cat(t1s), cat(t2s), cat(z1s), cat(z2s)
     scaled = lse = None
     if temperature > 0:
@@ -158,15 +158,35 @@ def relaxable(z1: torch.Tensor, ratio: torch.Tensor, theta: float) -> torch.Tens
     return (z1 > 0) & (ratio > theta)
 
 
+# rows x vocab up to which ``sample_from_weights`` takes one float64 cumulative sum over the whole row
+# (8 MB of float64): a third of the kernels of the two-level draw, which matter at batch 1, where a
+# token's sampling is a few dozen small kernels beside the forward
+ONE_LEVEL_MAX = 1 << 20
+
+
+def _sample_one_level(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``sample_from_weights`` in one level: the count of cumulative weights <= u * total is the first
+    index whose cumulative weight exceeds it.  The target is kept strictly below the total (u < 1, but
+    the product can round up to it), so the index found always has a positive weight."""
+    cdf = weights.double().cumsum(dim=1)
+    total = cdf[:, -1]
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return (cdf <= target.unsqueeze(1)).sum(dim=1)
+
+
 def sample_from_weights(weights: torch.Tensor, u: torch.Tensor, block: int | None = None) -> torch.Tensor:
     """Inverse-CDF draw from unnormalised non-negative weights.
 
     weights [B, V], u [B] float64 in [0, 1) -> [B] int64: the first index whose cumulative weight
     exceeds u * total.  Zero-weight tokens are never drawn.  Two levels (block sums, then one block) so
     the cost is a single read of ``weights``; cumulative sums run in float64 over about sqrt(V) terms
-    (the default block), keeping the error near 1e-7 of the total even at V = 152k.
+    (the default block), keeping the error near 1e-7 of the total even at V = 152k.  Draws of at most
+    ``ONE_LEVEL_MAX`` weights (and no explicit ``block``) take one level instead (same rule, one float64
+    cumulative sum, fewer kernels).
     """
     bsz, vocab = weights.shape
+    if block is None and bsz * vocab <= ONE_LEVEL_MAX:
+        return _sample_one_level(weights, u)
     if block is None:
         block = max(32, math.isqrt(vocab))
     block = min(block, vocab)

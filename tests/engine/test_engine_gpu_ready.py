@@ -249,3 +249,38 @@ def test_measured_rounds_sharpen_the_cost_model():
     assert costs.rounds[4][1] == pytest.approx((2.4 * 5 + scaled) / 6)
     assert costs.rounds[1][0] == pytest.approx(1.0) and costs.weight[4][1] == 6
     assert costs.rounds[4][0] == 2.0  # never observed
+
+
+def test_plain_steps_without_padding_skip_the_mask_and_match_the_masked_path(qwen, monkeypatch):
+    """One prompt (or a group sharing it) decoded plainly has no padding and no gaps: its steps pass no
+    mask (SDPA's unmasked path, as HF generate takes) and give what the masked path gives."""
+    from marsrl.engine.cache import RaggedCache
+
+    masks = []
+    real = RaggedCache.attention_mask
+
+    def spy(self, *a, **kw):
+        masks.append(1)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(RaggedCache, "attention_mask", spy)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=16, n=3, ignore_eos=True, seed=4)
+    eng = SpeculativeEngine(qwen, None, EngineConfig())
+    runs = []
+    for dense in (None, False):  # the engine's own decision, then the mask forced on every step
+        if dense is not None:
+            monkeypatch.setattr(RaggedCache, "dense", property(lambda self: dense))
+        masks.clear()
+        out = eng.generate([[5, 6, 7, 8]], sp)
+        runs.append((out, len(masks)))
+    (unmasked, n_unmasked), (masked, n_masked) = runs
+    assert n_unmasked == 1 and n_masked == 1 + 15  # the prefill's mask only, then one every step
+    assert [t.completion_ids for t in unmasked] == [t.completion_ids for t in masked]
+    for a, b in zip(unmasked, masked, strict=True):
+        assert torch.allclose(torch.tensor(a.target_logprobs), torch.tensor(b.target_logprobs), atol=1e-5)
+    # two prompts of different lengths are padded: every step is masked again
+    masks.clear()
+    monkeypatch.undo()
+    monkeypatch.setattr(RaggedCache, "attention_mask", spy)
+    eng.generate([[5, 6, 7, 8], [9, 10]], sp)
+    assert len(masks) == 1 + 15
