@@ -269,7 +269,7 @@ def test_plain_steps_without_padding_skip_the_mask_and_match_the_masked_path(qwe
     runs = []
     for dense in (None, False):  # the engine's own decision, then the mask forced on every step
         if dense is not None:
-            monkeypatch.setattr(RaggedCache, "dense", property(lambda self: dense))
+            monkeypatch.setattr(RaggedCache, "dense", property(lambda self, d=dense: d))
         masks.clear()
         out = eng.generate([[5, 6, 7, 8]], sp)
         runs.append((out, len(masks)))
