@@ -1,7 +1,7 @@
 """Engine throughput against batch size on the tiny world, side by side in one run (issues 12 and 13).
 
-    python bench/scale.py                          # default world, B in 1 8 32 128, 3 repeats
-    python bench/scale.py --quick                  # one repeat of each system
+    python bench/scale.py                          # default world, B in 1 8 32 128, 3 repeats (~15 min)
+    python bench/scale.py --quick                  # one repeat and one call of each system
     python bench/scale.py --batches 1 8 --ks 3 7 --repeats 5 --threads 1
 
 Each engine call decodes B sequences at T = 1 (B = prompts x G, G = --group where B >= G, else B
@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import inspect
 import json
+import math
 import statistics
 import sys
 import time
@@ -120,9 +121,17 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--calls",
         type=int,
-        default=3,
-        help="engine calls per measurement, each on other prompts (one prompt's 128 tokens at B = 1 is "
-        "a handful of rounds: its sampling noise would decide the comparison)",
+        default=None,
+        help="engine calls per measurement, each on other prompts (default: enough for --min-tokens)",
+    )
+    ap.add_argument(
+        "--min-tokens",
+        type=int,
+        default=2048,
+        help="most tokens a measurement may generate (B x new tokens x calls), which sets its calls where "
+        "--calls is not given, at most 16 (--quick: 1): 16 calls of one prompt at B = 1, one at B = 128 "
+        "(one prompt's 128 tokens at B = 1 is a handful of rounds: its sampling noise would decide the "
+        "comparison)",
     )
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 3, 5, 7], help="fixed chain lengths")
     ap.add_argument("--tree", type=int, nargs=3, default=[4, 5, 24], metavar=("TOP_K", "DEPTH", "TOTAL"))
@@ -131,7 +140,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 3, --quick 1)")
     ap.add_argument("--min-seconds", type=float, default=0.0, help="least timed span of one measurement")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
-    ap.add_argument("--quick", action="store_true", help="one repeat of each system")
+    ap.add_argument("--quick", action="store_true", help="one repeat and one call of each system")
     ap.add_argument(
         "--calibration-context",
         type=int,
@@ -156,7 +165,13 @@ def main(argv=None) -> dict:
     n_new = args.new_tokens or cfg.max_new_tokens
     eos, pad = tok.eos_token_id, tok.pad_token_id
     max_batch = max(args.batches)
-    n_prompts = args.calls * max(b // args.group if b >= args.group else b for b in args.batches)
+
+    def n_calls(batch: int) -> int:
+        if args.calls:
+            return args.calls
+        return 1 if args.quick else min(16, max(1, math.ceil(args.min_tokens / (batch * n_new))))
+
+    n_prompts = max(n_calls(b) * (b // args.group if b >= args.group else b) for b in args.batches)
     prompts = [chat_prompt_ids(tok, p["question"]) for p in heldout_problems(cfg, n_prompts)]
     profile = option_supported(EngineConfig, profile=True)
     cfgs, auto_ok = engine_configs(args, max_batch, profile)
@@ -193,7 +208,7 @@ def main(argv=None) -> dict:
 
             def call() -> int:
                 made = 0
-                for c in range(args.calls):
+                for c in range(n_calls(batch)):
                     rows = [p for p in shape(batch, c)[0] for _ in range(g)]
                     width = max(len(p) for p in rows)
                     ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows])
@@ -221,7 +236,7 @@ def main(argv=None) -> dict:
 
             def call() -> int:
                 made = 0
-                for c in range(args.calls):  # the breakdown and K figures are the last call's
+                for c in range(n_calls(batch)):  # the breakdown and K figures are the last call's
                     trajs = eng.generate(shape(batch, c)[0], sp)
                     last.update(eng.stats)
                     made += sum(len(t.completion_ids) for t in trajs)
@@ -275,7 +290,7 @@ def main(argv=None) -> dict:
         medians[f"batch_{batch}"] = med
         out["results"][f"batch_{batch}"] = {
             "prompts": len(group_prompts),
-            "calls": args.calls,
+            "calls": n_calls(batch),
             "group": g,
             "systems": rows,
         }
