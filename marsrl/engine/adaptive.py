@@ -8,9 +8,10 @@ engine drafts the k in {0, ..., K} that maximises expected tokens per second for
 k = 0 is a plain step (one target forward, no drafter).  t_round comes from a ``CostModel`` measured on
 the engine's own models (``SpeculativeEngine.calibrate``: whole rounds timed at each k over a grid of
 live batch sizes, so drafting, verification and the host's bookkeeping are all in it), once per engine,
-then fixed; the a_i are running estimates from the rounds of the current ``generate`` call
-(``AcceptanceEstimates``).  The
-choice is therefore a pure function of the cost model, the call's own outcomes and its seed: the same
+then refined by every call's measured rounds; the a_i are running estimates from the rounds of the
+current ``generate`` call (``AcceptanceEstimates``), started from the engine's earlier calls, scaled
+down to a few dozen rounds.  Both carry-overs are off with ``EngineConfig(adapt_costs=False)``: the
+choice is then a pure function of the cost model, the call's own outcomes and its seed, and the same
 engine reproduces the same K sequence.  Exactness does not depend on k: every round is verified by the
 same rule, and a chain of any length (0 included) is lossless under strict.
 
@@ -122,6 +123,20 @@ class AcceptanceEstimates:
             if j < accepted:
                 self.accepted[j] += 1
 
+    def carried(self, cap: float = 64.0) -> AcceptanceEstimates:
+        """A copy for the next call: each position's counts scaled down to at most ``cap`` reached
+        rounds (its rate kept), so what the new call measures outweighs the past within a few rounds
+        (the policy, and with it the acceptance, moves between RL steps)."""
+        out = AcceptanceEstimates(len(self.reached), self.pool)
+        for j, (a, r) in enumerate(zip(self.accepted, self.reached, strict=True)):
+            scale = min(1.0, cap / r) if r else 1.0
+            out.accepted[j], out.reached[j] = a * scale, r * scale
+        return out
+
+    @property
+    def observed(self) -> bool:
+        return any(self.reached)
+
     def rate(self, j: int) -> float:
         pooled = (sum(self.accepted) + 1) / (sum(self.reached) + 2)
         return (self.accepted[j] + self.pool * pooled) / (self.reached[j] + self.pool)
@@ -135,13 +150,16 @@ class AcceptanceEstimates:
 
 
 class KPlanner:
-    """Chooses each round's k; one per ``generate`` call (its estimates start from the prior)."""
+    """Chooses each round's k; one per ``generate`` call.  Its estimates start from the prior, or from
+    ``estimates`` carried over from the engine's earlier calls (then no exploring first round)."""
 
-    def __init__(self, costs: CostModel, k_max: int, probe_every: int = 8):
+    def __init__(
+        self, costs: CostModel, k_max: int, probe_every: int = 8, estimates: AcceptanceEstimates | None = None
+    ):
         self.costs = costs
         self.k_max = k_max
-        self.estimates = AcceptanceEstimates(k_max)
-        self.first = True
+        self.estimates = estimates if estimates is not None else AcceptanceEstimates(k_max)
+        self.first = not self.estimates.observed
         self.plain_run = 0
         self.wait = probe_every
 

@@ -105,6 +105,7 @@ class SpeculativeEngine:
         self.max_seq_len = self.config.max_seq_len or getattr(target.config, "max_position_embeddings", None)
         self.stats: dict = {}
         self.cost_model = cost_model
+        self._acceptance = None  # auto: the last call's acceptance estimates, the next call's start
         self._eagle = None
         check_attention(target)
         if drafter is not None and not hasattr(drafter, "propose"):
@@ -156,10 +157,12 @@ class SpeculativeEngine:
         if self._auto and self.drafter is not None:
             if self.cost_model is None:  # measured once, on this call's prompts
                 self.cost_model = self.calibrate(prompts=prompts)
-            planner = KPlanner(self.cost_model, self.config.max_draft_tokens)
+            carried = self._acceptance.carried() if self._acceptance and self.config.adapt_costs else None
+            planner = KPlanner(self.cost_model, self.config.max_draft_tokens, estimates=carried)
         out = self._generate(prompts, sampling, planner)
         if planner is not None and self.config.adapt_costs:
             self.cost_model.observe(self.stats["trace"])
+            self._acceptance = planner.estimates
         return out
 
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams, planner) -> list[Trajectory]:

@@ -284,3 +284,22 @@ def test_plain_steps_without_padding_skip_the_mask_and_match_the_masked_path(qwe
     monkeypatch.setattr(RaggedCache, "attention_mask", spy)
     eng.generate([[5, 6, 7, 8], [9, 10]], sp)
     assert len(masks) == 1 + 15
+
+
+def test_auto_carries_acceptance_across_calls_unless_adapt_costs_is_off(qwen):
+    """A random head is almost never accepted and rounds cost 1 + k: the first call explores k = K once,
+    learns that plain steps win, and the next call starts from what it learnt (plain from its first
+    round); with adapt_costs=False every call starts from the prior and explores again."""
+    head = Eagle3Drafter.from_target(qwen)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=12, n=2, ignore_eos=True, seed=3)
+    firsts = {}
+    for adapt in (True, False):
+        costs = CostModel(rounds={1: {k: 1.0 + k for k in range(4)}, 4: {k: 1.0 + k for k in range(4)}})
+        cfg = EngineConfig(num_draft_tokens="auto", max_draft_tokens=3, adapt_costs=adapt)
+        eng = SpeculativeEngine(qwen, head, cfg, cost_model=costs)
+        firsts[adapt] = []
+        for _ in range(2):
+            eng.generate([[1, 2, 3]], sp)
+            firsts[adapt].append(eng.stats["k_per_round"][0])
+    assert firsts[True] == [3, 0], firsts
+    assert firsts[False] == [3, 3], firsts
