@@ -1,16 +1,21 @@
 """Engine throughput against batch size on the tiny world, side by side in one run (issues 12 and 13).
 
-    python bench/scale.py                          # default world, B in 1 8 32 128, 3 repeats (~15 min)
+    python bench/scale.py                          # default world, B in 1 8 32 128, 3 repeats (~20 min)
     python bench/scale.py --quick                  # one repeat and one call of each system
     python bench/scale.py --batches 1 8 --ks 3 7 --repeats 5 --threads 1
 
 Each engine call decodes B sequences at T = 1 (B = prompts x G, G = --group where B >= G, else B
 prompts once): HF ``generate``, marsrl plain, strict and mars chains at each K in --ks, strict and mars
 trees (--tree), and the adaptive mode (``num_draft_tokens="auto"``, ``max_draft_tokens`` = the largest
-K) for strict and mars.  The systems run in turn, the order rotated each repeat; a figure is the median
-over repeats and each ratio divides two medians of the same run.  Engines are built once per system and
-reused over batches and repeats; an adaptive engine's cost model is measured (``calibrate``) once before
-any timing and its time reported apart.
+K) for strict and mars.  A measurement is several engine calls on disjoint prompts (--min-tokens, or
+--calls), and the systems are interleaved call by call: call c of every system, in an order rotated each
+call, before call c + 1 of any.  On this shared machine the same call's speed drifts by up to 1.6x over
+a few seconds; interleaving that finely spreads each slow spell over every system.  A system's
+tokens/s in a repeat is its tokens over its seconds summed over the calls; a figure is the median over
+repeats, and each ratio divides two medians of the same run.  Engines are built once per system and
+reused over batches and repeats (an adaptive engine carries its cost model and acceptance estimates
+from call to call, as in an RL run); its cost model is first measured (``calibrate``, on the run's
+prompts) before any timing and the time reported apart.
 
 Engine calls run with ``profile=True`` where the engine has it: on the CPU its device synchronisation is
 a no-op, so profiling costs a few timer calls per round and the timed calls give the per-phase breakdown
@@ -37,7 +42,7 @@ from pathlib import Path
 import torch
 
 sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
-from _common import breakdown, interleaved, option_supported, per_round, spread, tail, timed
+from _common import breakdown, option_supported, per_round, spread, tail, timed
 from tinyworld import hf_generated
 
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, TreeConfig
@@ -129,7 +134,7 @@ def main(argv=None) -> dict:
         type=int,
         default=2048,
         help="most tokens a measurement may generate (B x new tokens x calls), which sets its calls where "
-        "--calls is not given, at most 16 (--quick: 1): 16 calls of one prompt at B = 1, one at B = 128 "
+        "--calls is not given, 2 to 16 (--quick: 1): 16 calls of one prompt at B = 1, two at B = 128 "
         "(one prompt's 128 tokens at B = 1 is a handful of rounds: its sampling noise would decide the "
         "comparison)",
     )
@@ -169,7 +174,7 @@ def main(argv=None) -> dict:
     def n_calls(batch: int) -> int:
         if args.calls:
             return args.calls
-        return 1 if args.quick else min(16, max(1, math.ceil(args.min_tokens / (batch * n_new))))
+        return 1 if args.quick else min(16, max(2, math.ceil(args.min_tokens / (batch * n_new))))
 
     n_prompts = max(n_calls(b) * (b // args.group if b >= args.group else b) for b in args.batches)
     prompts = [chat_prompt_ids(tok, p["question"]) for p in heldout_problems(cfg, n_prompts)]
@@ -201,50 +206,61 @@ def main(argv=None) -> dict:
         n = batch // g
         return prompts[call * n : (call + 1) * n], g
 
-    def measure(batch: int, name: str, rep: int) -> dict:
-        _, g = shape(batch)
-        last: dict = {}
+    def one_call(batch: int, name: str, rep: int, c: int) -> tuple[int, dict]:
+        """Call c of a measurement: (tokens generated, the engine's stats of the call)."""
+        group_prompts, g = shape(batch, c)
         if name == "hf_generate":
+            rows = [p for p in group_prompts for _ in range(g)]
+            width = max(len(p) for p in rows)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows])
+            torch.manual_seed(rep)
+            with torch.inference_mode():
+                out = target.generate(
+                    ids,
+                    attention_mask=(ids != pad).long(),
+                    do_sample=True,
+                    temperature=1.0,
+                    top_k=0,
+                    top_p=1.0,
+                    max_new_tokens=n_new,
+                    eos_token_id=eos,
+                    pad_token_id=pad,
+                )
+            return hf_generated(out, width, eos), {}
+        eng = engines[name]
+        sp = SamplingParams(temperature=1.0, max_new_tokens=n_new, eos_token_id=eos, n=g, seed=rep)
+        trajs = eng.generate(group_prompts, sp)
+        return sum(len(t.completion_ids) for t in trajs), dict(eng.stats)
 
-            def call() -> int:
-                made = 0
-                for c in range(n_calls(batch)):
-                    rows = [p for p in shape(batch, c)[0] for _ in range(g)]
-                    width = max(len(p) for p in rows)
-                    ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows])
-                    made += hf_call(ids, width, rep)
-                return made
+    def measure(batch: int, rep: int) -> dict[str, dict]:
+        """One repeat of every system at this B, interleaved call by call: call c of every system runs
+        before call c + 1 of any (the order rotated each call), so a slow spell of a shared machine,
+        which lasts seconds, falls on all systems alike instead of on the one that happened to run.  A
+        system's figure is its tokens over its seconds summed over the calls; its breakdown and K
+        figures are its last call's."""
+        acc = {name: {"wall": 0.0, "tokens": 0, "timed": 0, "stats": {}} for name in systems}
+        for c in range(n_calls(batch)):
+            shift = (rep * n_calls(batch) + c) % len(systems)
+            for name in systems[shift:] + systems[:shift]:
+                last: dict = {}
 
-            def hf_call(ids, width, rep) -> int:
-                torch.manual_seed(rep)
-                with torch.inference_mode():
-                    out = target.generate(
-                        ids,
-                        attention_mask=(ids != pad).long(),
-                        do_sample=True,
-                        temperature=1.0,
-                        top_k=0,
-                        top_p=1.0,
-                        max_new_tokens=n_new,
-                        eos_token_id=eos,
-                        pad_token_id=pad,
-                    )
-                return hf_generated(out, width, eos)
-        else:
-            eng = engines[name]
-            sp = SamplingParams(temperature=1.0, max_new_tokens=n_new, eos_token_id=eos, n=g, seed=rep)
+                def call(name=name, last=last, c=c) -> int:
+                    made, stats = one_call(batch, name, rep, c)
+                    last.update(stats)
+                    return made
 
-            def call() -> int:
-                made = 0
-                for c in range(n_calls(batch)):  # the breakdown and K figures are the last call's
-                    trajs = eng.generate(shape(batch, c)[0], sp)
-                    last.update(eng.stats)
-                    made += sum(len(t.completion_ids) for t in trajs)
-                return made
-
-        wall, tokens, calls = timed(call, args.min_seconds)
-        log(f"B={batch} rep={rep} {name}: {tokens / wall:.0f} tok/s ({calls} call(s), {wall:.2f} s)")
-        return {"wall_s": wall / calls, "tokens_per_s": tokens / wall, "stats": dict(last)}
+                wall, tokens, calls = timed(call, args.min_seconds)
+                a = acc[name]
+                a["wall"] += wall
+                a["tokens"] += tokens
+                a["timed"] += calls
+                a["stats"] = last
+        runs = {}
+        for name, a in acc.items():
+            rate = a["tokens"] / a["wall"]
+            log(f"B={batch} rep={rep} {name}: {rate:.0f} tok/s ({a['timed']} call(s), {a['wall']:.2f} s)")
+            runs[name] = {"wall_s": a["wall"] / a["timed"], "tokens_per_s": rate, "stats": a["stats"]}
+        return runs
 
     out: dict = {
         "bench": "scale",
@@ -268,7 +284,10 @@ def main(argv=None) -> dict:
     medians: dict[str, dict[str, float]] = {}
     for batch in args.batches:
         engines["plain"].generate(shape(batch)[0][:1], SamplingParams(max_new_tokens=4, eos_token_id=eos))
-        runs = interleaved(systems, repeats, lambda name, rep, b=batch: measure(b, name, rep))
+        runs: dict[str, list] = {name: [] for name in systems}
+        for rep in range(repeats):
+            for name, r in measure(batch, rep).items():
+                runs[name].append(r)
         group_prompts, g = shape(batch)
         rows: dict[str, dict] = {}
         for name, rs in runs.items():
