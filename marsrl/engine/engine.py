@@ -267,7 +267,7 @@ class SpeculativeEngine:
         if self._eagle is not None:
             ones = torch.ones(bsz, dtype=torch.long, device=dev)
             self._eagle.pend(last_feats, last.unsqueeze(1), ones, [1] * bsz)
-        host = self._fetch(first)
+        host = self._fetch_plain(first)
         self._tick(clock)
         active = self._record(rows, host, sampling, eos, totals, drafted=None)
 
@@ -323,7 +323,7 @@ class SpeculativeEngine:
             self._tick(clock, width=1, rows=bsz)
             clock = self._clock("verify")
             res = sample_plain(self._lm_head(hidden[:, 0]), **kw)
-            host = self._fetch(res)
+            host = self._fetch_plain(res)
             self._tick(clock)
             clock = self._clock("commit")
             order = torch.zeros(bsz, 1, dtype=torch.long, device=dev)
@@ -523,6 +523,25 @@ class SpeculativeEngine:
         if n_drafts is not None:
             out["num_drafts"] = packed[:, len(fields) * w + 1].astype(np.int64).tolist()
         return out
+
+    def _fetch_plain(self, res) -> dict[str, list]:
+        """``_fetch`` of a plain sample (``sample_plain``: one BONUS token a row, b = p, nothing
+        unsupported): only its four varying fields cross, the constants are filled in on the host."""
+        cols = (res.tokens, res.target_logprob, res.logit_ratio, res.is_top2)
+        packed = torch.cat([c.to(torch.float64) for c in cols], 1).cpu().numpy()
+        self._totals["host_syncs"] += 1
+        bsz = packed.shape[0]
+        logp = packed[:, 1:2].tolist()
+        return {
+            "tokens": packed[:, 0:1].astype(np.int64).tolist(),
+            "provenance": [[int(Provenance.BONUS)]] * bsz,
+            "target_logprob": logp,
+            "behavior_logprob": logp,
+            "logit_ratio": packed[:, 2:3].tolist(),
+            "is_top2": packed[:, 3:4].astype(bool).tolist(),
+            "unsupported_mass": [[0.0]] * bsz,
+            "num_emitted": [1] * bsz,
+        }
 
     def _target_hidden(self, ids, pos, mask, tcache: RaggedCache):
         """Final hidden states [B, T, H] of the target (and the drafter's features when tapped)."""

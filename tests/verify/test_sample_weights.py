@@ -51,3 +51,38 @@ def test_one_level_frequencies_match_the_weights():
     p = w[0].double() / w.sum()
     se = (p * (1 - p) / n).sqrt()
     assert ((freq - p).abs() <= 5 * se + 1e-12).all(), (freq, p)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
+@pytest.mark.parametrize("vocab", [5, 384, 8192])
+def test_small_plain_sample_equals_the_reference_bit_for_bit(temperature, vocab):
+    """sample_plain's small-draw path against sample_plain_reference: same seed, every field equal
+    (NaN ratios where z1 = 0 included), on 64 rows with an all-tied row and a zero-logit row."""
+    import dataclasses
+
+    from marsrl.verify.sample import sample_plain, sample_plain_reference
+    from marsrl.verify.types import VerifyResult
+
+    logits = torch.randn(64, vocab, generator=torch.Generator().manual_seed(vocab)) * 4
+    logits[3] = logits[3, 0]  # a row of ties
+    logits[5, :] = -1.0
+    logits[5, 0] = 0.0  # z1 = 0: the margin ratio is NaN
+    fast = sample_plain(logits, temperature=temperature, generator=torch.Generator().manual_seed(1))
+    ref = sample_plain_reference(logits, temperature, None, None, torch.Generator().manual_seed(1))
+    for f in dataclasses.fields(VerifyResult):
+        a, b = getattr(fast, f.name), getattr(ref, f.name)
+        assert a.dtype == b.dtype and a.shape == b.shape, f.name
+        assert torch.equal(a.double().nan_to_num(nan=7.0), b.double().nan_to_num(nan=7.0)), f.name
+    assert torch.isnan(fast.logit_ratio[5]).all()
+
+
+def test_small_plain_sample_names_bad_logits():
+    from marsrl.verify.sample import sample_plain
+
+    for bad, message in ((float("nan"), "NaN"), (float("inf"), r"\+inf")):
+        logits = torch.zeros(2, 8)
+        logits[1, 2] = bad
+        with pytest.raises(ValueError, match=message):
+            sample_plain(logits)
+    with pytest.raises(ValueError, match="entirely -inf"):
+        sample_plain(torch.full((1, 8), float("-inf")))
