@@ -23,6 +23,8 @@ Deliberately left out: paging, sliding windows, CUDA graphs.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -200,17 +202,28 @@ class RaggedCache:
 
     def select(self, rows: torch.Tensor, rows_host: list[int]) -> None:
         """Keep only ``rows`` [B'] (``rows_host`` the same on the host): finished sequences stop costing
-        compute.  The live slots of the kept rows are copied into new buffers of B' rows (same capacity),
-        starting at the earliest kept row's start."""
+        compute.  The live slots of the kept rows are copied, starting at the earliest kept row's start,
+        into the first B' rows of the same buffers when ``rows`` is increasing (rows leave), else into
+        new buffers of B' rows (same capacity)."""
         shift = min(self._starts[i] for i in rows_host) if rows_host else 0
         width = self.width
+        n = len(rows_host)
+        # rows leaving (a subset, in order) compact into the first n rows of the same buffers: no new
+        # allocation, whose first touch costs more than the copy; a prompt's state copied out to its
+        # group's rows (repeats, or more rows) gets new buffers
+        in_place = all(a < b for a, b in itertools.pairwise(rows_host))
+        in_place = in_place and bool(self.cache.layers) and n <= self.cache.layers[0].keys.shape[0]
+        # in place with no shift, the rows before the first that leaves stay where they are
+        first = next((i for i, r in enumerate(rows_host) if r != i), n) if in_place and not shift else 0
+        moving = rows[first:] if first else rows
         for layer in self.cache.layers:
             for name in ("keys", "values"):
                 t = getattr(layer, name)  # [B, Hkv, C, hd]
-                live = t[:, :, shift:width].index_select(0, rows)  # [B', Hkv, width - shift, hd]
-                new = t.new_empty(len(rows_host), t.shape[1], t.shape[2], t.shape[3])
-                new[:, :, : width - shift] = live
-                self._count(live, live)  # gathered, then written into place
+                new = t[:n] if in_place else t.new_empty(n, t.shape[1], t.shape[2], t.shape[3])
+                if first < n:
+                    live = t[:, :, shift:width].index_select(0, moving)  # [moving, Hkv, width - shift, hd]
+                    new[first:, :, : width - shift] = live
+                    self._count(live, live)  # gathered, then written into place
                 setattr(layer, name, new)
             layer.width = width - shift
         self.starts = self.starts[rows] - shift

@@ -303,3 +303,37 @@ def test_auto_carries_acceptance_across_calls_unless_adapt_costs_is_off(qwen):
             firsts[adapt].append(eng.stats["k_per_round"][0])
     assert firsts[True] == [3, 0], firsts
     assert firsts[False] == [3, 3], firsts
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_cache_select_compacts_leaving_rows_in_place(shift):
+    """Rows leaving (an increasing subset) compact into the same buffers, the rows before the first
+    that leaves untouched; a group copy (repeated rows) gets new buffers; every kept row reads back its
+    own entries."""
+    from marsrl.engine.cache import RaggedCache
+
+    bsz, heads, hd, width = 6, 2, 4, 7
+    cache = RaggedCache(bsz, torch.device("cpu"), capacity=12)
+    k = torch.randn(bsz, heads, width, hd, generator=torch.Generator().manual_seed(0))
+    cache.cache.update(k, -k, 0)
+    starts = [2, 1, 0, 3, 1, 2] if shift else [0, 1, 0, 3, 1, 2]
+    cache.set_rows(
+        torch.tensor(starts), torch.tensor([width - s for s in starts]), starts, [width - s for s in starts]
+    )
+    keep = [1, 3, 4] if shift else [0, 1, 3, 5]  # shift: row 2 (start 0) leaves, the earliest start is 1
+    buf = cache.cache.layers[0].keys.data_ptr()
+    before = cache.bytes_copied
+    cache.select(torch.tensor(keep), keep)
+    layer = cache.cache.layers[0]
+    moved = min(starts[i] for i in keep)
+    assert layer.keys.data_ptr() == buf and layer.width == width - moved
+    assert torch.equal(layer.keys[:, :, : width - moved], k[keep][:, :, moved:])
+    assert torch.equal(layer.values[:, :, : width - moved], -k[keep][:, :, moved:])
+    assert cache.ends == [width - moved] * len(keep)
+    row_bytes = heads * (width - moved) * hd * k.element_size()
+    copied_rows = len(keep) if shift else 2  # without a shift rows 0 and 1 stay: only 3 and 5 move
+    assert cache.bytes_copied - before == 2 * 2 * copied_rows * row_bytes  # K and V, gathered + written
+    cache.select(torch.tensor([0, 0, 1]), [0, 0, 1])  # a group copy: new buffers
+    assert cache.cache.layers[0].keys.data_ptr() != buf
+    copied = cache.cache.layers[0].keys[:, :, : cache.width]
+    assert torch.equal(copied[1], copied[0]) and torch.equal(copied[0], k[keep[0]][:, moved:])
