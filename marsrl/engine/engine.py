@@ -423,7 +423,7 @@ class SpeculativeEngine:
         self,
         rows: Sequence[int] | None = None,
         context: int = 64,
-        repeats: int = 1,
+        repeats: int = 3,
         prompts: Sequence[Sequence[int]] | None = None,
     ):
         """Measure a ``CostModel`` on this engine's models: whole rounds drafting k = 0 .. K tokens for
@@ -434,7 +434,7 @@ class SpeculativeEngine:
         Each figure is the median over ``repeats`` runs of 8 new tokens of the rounds in which every row
         was live, the first round left out where later ones exist (it absorbs one pair, not a round's
         worth).  On a GPU a round already ends in the engine's one device -> host copy, so wall time per
-        round is device time.  About 10 s on a CPU for the tiny world at max_batch_size 128."""
+        round is device time.  About 30 s on a CPU for the tiny world at max_batch_size 128."""
         top = self.config.max_batch_size
         rows = sorted(set(rows or [*(4**i for i in range(8) if 4**i < top), top]))
         costs = CostModel()
