@@ -43,7 +43,7 @@ import torch
 
 sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
 from _common import breakdown, option_supported, per_round, spread, tail, timed
-from tinyworld import hf_generated
+from tinyworld import hf_sample
 
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, TreeConfig
 from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld
@@ -211,22 +211,7 @@ def main(argv=None) -> dict:
         group_prompts, g = shape(batch, c)
         if name == "hf_generate":
             rows = [p for p in group_prompts for _ in range(g)]
-            width = max(len(p) for p in rows)
-            ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows])
-            torch.manual_seed(rep)
-            with torch.inference_mode():
-                out = target.generate(
-                    ids,
-                    attention_mask=(ids != pad).long(),
-                    do_sample=True,
-                    temperature=1.0,
-                    top_k=0,
-                    top_p=1.0,
-                    max_new_tokens=n_new,
-                    eos_token_id=eos,
-                    pad_token_id=pad,
-                )
-            return hf_generated(out, width, eos), {}
+            return hf_sample(target, rows, pad, eos, n_new, rep), {}
         eng = engines[name]
         sp = SamplingParams(temperature=1.0, max_new_tokens=n_new, eos_token_id=eos, n=g, seed=rep)
         trajs = eng.generate(group_prompts, sp)

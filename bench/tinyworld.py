@@ -161,6 +161,27 @@ def hf_generated(out: torch.Tensor, width: int, eos: int) -> int:
     return total
 
 
+def hf_sample(target, rows: list[list[int]], pad: int, eos: int, max_new_tokens: int, seed: int) -> int:
+    """HF ``generate`` sampling at T = 1 (no top-k / top-p) over ``rows``, left-padded, seeded: the
+    tokens it really produced (``hf_generated``)."""
+    width = max(len(p) for p in rows)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows])
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = target.generate(
+            ids,
+            attention_mask=(ids != pad).long(),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
+    return hf_generated(out, width, eos)
+
+
 def speed_table(target, head, tok, prompts, max_new_tokens: int, args) -> dict:
     """tokens/s of HF ``generate`` and marsrl (chain K = 7, K = 3, K = 7 with ``--draft-confidence``
     ("k7c") and the ``--tree``; strict and mars) at T = 1 on the same prompts: batch 1 runs them one by
@@ -189,21 +210,7 @@ def speed_table(target, head, tok, prompts, max_new_tokens: int, args) -> dict:
                 tokens, start = 0, time.perf_counter()
                 for group in groups:
                     if name == "hf":
-                        width = max(len(p) for p in group)
-                        ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
-                        torch.manual_seed(rep)
-                        with torch.inference_mode():
-                            g = target.generate(
-                                ids,
-                                attention_mask=(ids != pad).long(),
-                                do_sample=True,
-                                top_k=0,
-                                top_p=1.0,
-                                max_new_tokens=max_new_tokens,
-                                eos_token_id=eos,
-                                pad_token_id=pad,
-                            )
-                        tokens += hf_generated(g, width, eos)
+                        tokens += hf_sample(target, group, pad, eos, max_new_tokens, rep)
                     else:
                         eng = SpeculativeEngine(target, head, engines[name])
                         sp = SamplingParams(
