@@ -133,8 +133,8 @@ def main(argv=None) -> dict:
         "--min-tokens",
         type=int,
         default=2048,
-        help="most tokens a measurement may generate (B x new tokens x calls), which sets its calls where "
-        "--calls is not given, 2 to 16 (--quick: 1): 16 calls of one prompt at B = 1, two at B = 128 "
+        help="where --calls is not given, a measurement makes enough calls for B x new tokens x calls to "
+        "reach this, 2 to 16 (--quick: 1): 16 calls of one prompt at B = 1, two at B = 128 "
         "(one prompt's 128 tokens at B = 1 is a handful of rounds: its sampling noise would decide the "
         "comparison)",
     )

@@ -7,7 +7,6 @@ import torch
 
 from .dist import (
     ONE_LEVEL_MAX,
-    _sample_one_level,
     check_scalars,
     dist_logp,
     dist_probs,
@@ -70,8 +69,8 @@ def sample_plain_reference(logits, temperature, top_k, top_p, generator) -> Veri
 def _sample_small(logits: torch.Tensor, temperature: float, generator) -> VerifyResult:
     """``sample_plain`` at T > 0 without filters for a small draw (rows x V <= ONE_LEVEL_MAX): the
     reference's arithmetic, op for op, without its cache blocking, index copies and per-flag checks
-    (one finiteness check, the three messages only when it fails), so the output equals the
-    reference's bit for bit (tested).  At batch 1 a token's sampling runs right after the forward, with
+    (one finiteness check, the three messages only when it fails): fewer kernels, and an output equal
+    to the reference's bit for bit (tested).  At batch 1 a token's sampling runs right after the forward, with
     cold caches, where each kernel launch costs more than its work."""
     bsz, dev = logits.shape[0], logits.device
     top = logits.topk(2, dim=-1)
@@ -87,7 +86,7 @@ def _sample_small(logits: torch.Tensor, temperature: float, generator) -> Verify
     lse = z1 / temperature + shifted.exp_().sum(dim=-1).log()
     probs = (rows - lse.unsqueeze(-1)).exp_()
     u = torch.rand((bsz, 1), dtype=torch.float64, device=dev, generator=generator)
-    y = _sample_one_level(probs, u[:, 0])
+    y = sample_from_weights(probs, u[:, 0])  # one level at this size, as in the reference
     picked = logits.gather(1, y.unsqueeze(1)).float()
     if temperature != 1.0:
         picked = picked / temperature
