@@ -61,6 +61,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--speed-prompts", type=int, default=16, help="prompts for the tokens/s comparison")
     ap.add_argument("--speed-reps", type=int, default=3, help="interleaved repetitions of each speed run")
     ap.add_argument("--draft-confidence", type=float, default=0.3, help="the k7c speed rows' confidence")
+    ap.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="tokens per completion in every run (default: the preset's max_new_tokens)",
+    )
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -71,18 +77,23 @@ def main(argv=None) -> dict:
         path = build_tinyworld(args.preset, progress=False)
         target, tok, head, meta = load_tinyworld(path)
     cfg = PRESETS[args.preset]
+    new_tokens = args.max_new_tokens if args.max_new_tokens is not None else cfg.max_new_tokens
     eos = tok.eos_token_id
     problems = heldout_problems(cfg, max(args.n_accuracy, args.n_tau))
     prompts = [chat_prompt_ids(tok, p["question"]) for p in problems]
-    out: dict = {"bench": "tinyworld", "preset": args.preset, "path": str(path), "theta": args.theta}
+    out: dict = {
+        "bench": "tinyworld",
+        "preset": args.preset,
+        "path": str(path),
+        "theta": args.theta,
+        "max_new_tokens": new_tokens,
+    }
 
     def run(rule: str, n: int, temperature: float, tree: TreeConfig | None = None, seed: int = 1):
         eng = SpeculativeEngine(
             target, head, EngineConfig(rule=rule, theta=args.theta, num_draft_tokens=7, tree=tree)
         )
-        sp = SamplingParams(
-            temperature=temperature, max_new_tokens=cfg.max_new_tokens, eos_token_id=eos, seed=seed
-        )
+        sp = SamplingParams(temperature=temperature, max_new_tokens=new_tokens, eos_token_id=eos, seed=seed)
         start = time.perf_counter()
         trajs = eng.generate(prompts[:n], sp)
         return trajs, eng.stats, time.perf_counter() - start
@@ -144,7 +155,7 @@ def main(argv=None) -> dict:
             tau[f"{shape}_{temperature}_mars_over_strict"] = m / s if s else None
     out["tau"] = tau
 
-    out["speed"] = speed_table(target, head, tok, prompts[: args.speed_prompts], cfg.max_new_tokens, args)
+    out["speed"] = speed_table(target, head, tok, prompts[: args.speed_prompts], new_tokens, args)
     out["draft_training"] = meta.get("draft_training")
     out["build_timings_s"] = meta.get("timings_s")
     json.dump(out, sys.stdout, indent=2, default=float)

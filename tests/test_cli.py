@@ -47,3 +47,18 @@ def test_bad_override_is_a_clear_error(capsys):
 def test_help_runs_as_a_module():
     res = subprocess.run([sys.executable, "-m", "marsrl", "demo", "--help"], capture_output=True, text=True)
     assert res.returncode == 0 and "--set" in res.stdout
+
+
+def test_the_parsers_import_no_framework():
+    """``marsrl --help`` (every command's parser, defaults in their help included) loads none of torch,
+    transformers, TRL or Ray: help is instant, and the packages' exports load when first used."""
+    code = (
+        "import sys; from marsrl.cli import build_parser; build_parser(); "
+        "import marsrl.drafter, marsrl.experiment, marsrl.tinyworld; "
+        "print(sorted(m for m in ('torch', 'transformers', 'trl', 'ray') if m in sys.modules))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]"
+    code = "import marsrl.drafter as d; print(d.Eagle3Drafter.__name__, hasattr(d, \"nope\"))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "Eagle3Drafter False"

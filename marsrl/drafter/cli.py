@@ -16,7 +16,6 @@ Training defaults live in ``train_offline``; flags left out use them.  Leaves ou
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 from dataclasses import dataclass, field
@@ -101,18 +100,10 @@ def _ids(value, key: str, where: str, vocab_size: int | None) -> list[int]:
     return value
 
 
-def _train_defaults() -> dict:
-    """train_offline's keyword defaults: the one place training defaults live."""
-    from .train import train_offline
-
-    return {k: p.default for k, p in inspect.signature(train_offline).parameters.items()}
-
-
 def add_draft_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``draft`` (with its ``train`` command) on an argparse subparsers object."""
-    from .train import DEFAULT_DRAFT_VOCAB
+    from .config import DEFAULT_DRAFT_VOCAB, OFFLINE
 
-    defaults = _train_defaults()
     draft = subparsers.add_parser(
         "draft",
         help="train EAGLE-3 draft heads",
@@ -142,7 +133,7 @@ def add_draft_parser(subparsers) -> argparse.ArgumentParser:
         ("--seed", int, "seed", "head init and data order"),
         ("--save-every", int, "save_every", "steps between checkpoints"),
     ):
-        train.add_argument(flag, type=kind, dest=key, help=f"{what} (default {defaults[key]})")
+        train.add_argument(flag, type=kind, dest=key, help=f"{what} (default {getattr(OFFLINE, key)})")
     train.add_argument("--device", help="where to train (default: cuda when available, else cpu)")
     train.add_argument(
         "--dtype",
@@ -162,8 +153,9 @@ def run_train(args: argparse.Namespace) -> int:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from .checkpoint import CONFIG_FILE
+    from .config import DEFAULT_DRAFT_VOCAB, OFFLINE
     from .eagle3 import Eagle3Drafter
-    from .train import DEFAULT_DRAFT_VOCAB, ResumeError, select_draft_vocab, train_offline
+    from .train import ResumeError, select_draft_vocab, train_offline
 
     try:
         vocab = AutoConfig.from_pretrained(args.target).get_text_config().vocab_size
@@ -173,7 +165,7 @@ def run_train(args: argparse.Namespace) -> int:
         target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
         target.requires_grad_(False)
         out = Path(args.out)
-        torch.manual_seed(_train_defaults()["seed"] if args.seed is None else args.seed)  # the head's init
+        torch.manual_seed(OFFLINE.seed if args.seed is None else args.seed)  # the head's init
         if args.resume and (out / CONFIG_FILE).is_file():
             head = Eagle3Drafter.from_pretrained(out, target=target, dtype=torch.float32)
             if args.draft_vocab is not None and args.draft_vocab != head.config.draft_vocab_size:

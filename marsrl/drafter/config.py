@@ -245,3 +245,22 @@ def _reject_unsupported(d: dict[str, Any], source: str) -> None:
     for key in ("attention_bias", "mlp_bias"):
         if d.get(key):
             raise ValueError(f"{source}: {key} = true is not supported (EAGLE-3 heads have no biases)")
+
+
+DEFAULT_DRAFT_VOCAB = 32000  # the published 8B heads' draft vocabulary
+
+
+@dataclass(frozen=True)
+class OfflineDefaults:
+    """``train_offline``'s training defaults (and so ``marsrl draft train``'s), here where the CLI can read
+    them without importing torch."""
+
+    epochs: int = 1
+    batch_size: int = 8
+    max_len: int = 2048
+    lr: float = 1e-4
+    seed: int = 0
+    save_every: int = 500
+
+
+OFFLINE = OfflineDefaults()

@@ -48,11 +48,11 @@ from transformers import DynamicCache
 
 from ..batching import bucket_by_length
 from .checkpoint import CONFIG_FILE, SAFETENSORS_FILE
+from .config import DEFAULT_DRAFT_VOCAB, OFFLINE  # noqa: F401  (DEFAULT_DRAFT_VOCAB: re-exported)
 from .eagle3 import EMBED_KEY, Eagle3Drafter
 from .layers import TTTBlocks
 from .taps import FeatureTap
 
-DEFAULT_DRAFT_VOCAB = 32000  # the published 8B heads' draft vocabulary
 DEFAULT_TTT_STEPS = 7
 DEFAULT_DECAY = 0.8
 DEFAULT_GRAD_CLIP = 0.5
@@ -576,15 +576,15 @@ def train_offline(
     drafter: Eagle3Drafter,
     sequences: Sequence[Sequence[int]],
     *,
-    epochs: int = 1,
-    batch_size: int = 8,
-    max_len: int = 2048,
-    lr: float = 1e-4,
+    epochs: int = OFFLINE.epochs,
+    batch_size: int = OFFLINE.batch_size,
+    max_len: int = OFFLINE.max_len,
+    lr: float = OFFLINE.lr,
     out_dir: str | os.PathLike | None = None,
     resume: bool = True,
     progress: bool = True,
-    seed: int = 0,
-    save_every: int = 500,
+    seed: int = OFFLINE.seed,
+    save_every: int = OFFLINE.save_every,
     prompt_lens: Sequence[int] | None = None,
     max_steps: int | None = None,
 ) -> dict:

@@ -2,6 +2,7 @@
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from marsrl.drafter import Eagle3Drafter
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
 from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld, world_dir
+from marsrl.tinyworld.sft import SFTConfig
 from marsrl.tinyworld.tokenizer import chat_prompt_ids
 
 
@@ -48,10 +50,20 @@ def test_cached_build_is_reused(micro):
     assert time.perf_counter() - start < 5
 
 
-def test_rebuild_is_deterministic(micro, tmp_path):
-    """Same preset and seed -> the same target weights (built again into another folder)."""
-    path = micro
-    again = build_tinyworld("micro", tmp_path / "again", progress=False)
+def test_rebuild_is_deterministic(tmp_path):
+    """Same config and seed -> the same target and head weights: a shortened micro world (every build
+    stage, a tenth of the steps and data) built twice into two folders."""
+    cfg = replace(
+        PRESETS["micro"],
+        name="micro-short",
+        n_train=100,
+        sft=SFTConfig(steps=8, batch_size=8, lr=3e-3, warmup=2),
+        n_draft_prompts=8,
+        draft_epochs=1,
+        max_new_tokens=24,
+    )
+    path = build_tinyworld(cfg, tmp_path / "first", progress=False)
+    again = build_tinyworld(cfg, tmp_path / "again", progress=False)
     ta = AutoModelForCausalLM.from_pretrained(path / "target")
     tb = AutoModelForCausalLM.from_pretrained(again / "target")
     a, b = ta.state_dict(), tb.state_dict()
@@ -59,3 +71,6 @@ def test_rebuild_is_deterministic(micro, tmp_path):
     ha = Eagle3Drafter.from_pretrained(path / "draft", target=ta).state_dict()
     hb = Eagle3Drafter.from_pretrained(again / "draft", target=tb).state_dict()
     assert all(torch.equal(ha[k], hb[k]) for k in ha)
+    meta_a, meta_b = (json.loads((p / "metadata.json").read_text()) for p in (path, again))
+    assert meta_a["fingerprint"] == meta_b["fingerprint"] == cfg.fingerprint()
+    assert meta_a["sft"] == meta_b["sft"]  # the same loss curve figures

@@ -1,9 +1,9 @@
 """MarsGRPOTrainer under DeepSpeed ZeRO-2 and ZeRO-3 on CPU (gloo), on 1 rank and on 2 ranks
 (``torchrun --nproc_per_node 2``), 2 steps each, through tests/trainer/ds_run.py: rank 0 alone calls the
 pool (prompts gathered to it, trajectories scattered back in order), every rank gets its slice, all
-ranks gather ZeRO-3 weights for the sync. The 1-rank and 2-rank runs of the same global batch (8
-completions) give the same first-step loss: |difference| <= 1e-6 (measured 2.2e-8, float32 sums in
-another order)."""
+ranks gather ZeRO-3 weights for the sync. The 1-rank run (once, ZeRO-3) and each stage's 2-rank run of
+the same global batch (8 completions) give the same first-step loss: |difference| <= 1e-6 (measured
+2.2e-8, float32 sums in another order)."""
 
 from __future__ import annotations
 
@@ -58,11 +58,21 @@ def folder(tmp_path_factory):
     return save_tiny_world(tmp_path_factory.mktemp("ds_policy"))
 
 
+@pytest.fixture(scope="module")
+def one_rank(folder, tmp_path_factory):
+    """The one-rank reference, run once under ZeRO-3: on one rank nothing is partitioned across
+    processes, so ZeRO-2 and ZeRO-3 take the same batches and the same first-step loss (each stage's
+    own multi-rank path is what the two-rank runs below exercise)."""
+    (one,) = _run(folder, tmp_path_factory.mktemp("ds_one") / "one.json", 3, 1)
+    assert one["zero_stage"] == 3 and one["global_step"] == 2 and one["versions"] == [0.0, 1.0]
+    return one
+
+
 @pytest.mark.parametrize("stage", [2, 3])
-def test_one_and_two_ranks_agree(folder, tmp_path, stage):
-    (one,) = _run(folder, tmp_path / "one.json", stage, 1)
+def test_one_and_two_ranks_agree(folder, one_rank, tmp_path, stage):
+    one = one_rank
     two = _run(folder, tmp_path / "two.json", stage, 2)
-    for r in [one, *two]:
+    for r in two:
         assert r["zero_stage"] == stage and r["global_step"] == 2
         assert r["versions"] == [0.0, 1.0]  # the policy was synced before each step
     assert one["pool_version"] == two[0]["pool_version"] == 1 and two[1]["pool_version"] is None
