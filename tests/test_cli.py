@@ -59,6 +59,6 @@ def test_the_parsers_import_no_framework():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "[]"
-    code = "import marsrl.drafter as d; print(d.Eagle3Drafter.__name__, hasattr(d, \"nope\"))"
+    code = 'import marsrl.drafter as d; print(d.Eagle3Drafter.__name__, hasattr(d, "nope"))'
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "Eagle3Drafter False"
