@@ -71,11 +71,11 @@ def test_tinyworld_bench_prints_json_on_micro():
         "1",
         "2",
         "--max-new-tokens",
-        "24",  # the untrained micro target rarely stops: every run would write the preset's 96
+        "12",  # the untrained micro target rarely stops: every run would write the preset's 96
     ]
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     out = json.loads(res.stdout)
-    assert out["max_new_tokens"] == 24
+    assert out["max_new_tokens"] == 12
     acc = out["accuracy_T1_chain_k7"]
     assert acc["strict"]["n"] == 8 and 0 <= acc["strict"]["accuracy"] <= 1
     assert acc["mars_minus_strict"]["n"] == 8
