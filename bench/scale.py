@@ -21,7 +21,8 @@ Engine calls run with ``profile=True`` where the engine has it: on the CPU its d
 a no-op, so profiling costs a few timer calls per round and the timed calls give the per-phase breakdown
 (``stats["time"]``, ``forward_by_width``) and the per-round trace that measures the tail: at the
 largest B, the wall time after 90% of the sequences have finished.  Stats an engine does not report
-are null.  "bars" holds the issue's acceptance bars, each as {value, bar, pass}.
+are null.  "bars" holds the issue's acceptance bars, each as {value, bar, pass} (pass judges the ratio
+of medians) with ``paired``: the median and IQR of the per-call ratio of the two systems (``compute_bars``).
 
 Prints one JSON object on stdout; progress goes to stderr.  Reuses the world cached under
 ``$MARSRL_CACHE`` (``~/.cache/marsrl``) and builds it only when it is missing.
@@ -75,40 +76,69 @@ def engine_configs(args, max_batch: int, profile: bool) -> tuple[dict[str, Engin
     return cfgs, auto_ok
 
 
-def compute_bars(results: dict[str, dict], ks: list[int], auto_ok: bool, speedup_batch: int = 128) -> dict:
+def compute_bars(
+    results: dict[str, dict],
+    ks: list[int],
+    auto_ok: bool,
+    speedup_batch: int = 128,
+    calls: dict[str, dict[str, list[float]]] | None = None,
+) -> dict:
     """The issue's bars from median tokens/s: ``results`` maps "batch_B" to {system: tokens/s}.
 
     At every B and for each rule: auto >= 0.97 x the best of plain and every fixed K of that rule, and
     auto >= plain; mars >= strict for each chain K, the tree (and auto).  At B = ``speedup_batch``:
     strict auto >= 1.3 x plain, mars auto >= 1.5 x plain.  Each bar is {value, bar, pass} (value and
-    pass None where a system is missing, e.g. an engine without the adaptive mode)."""
+    pass None where a system is missing, e.g. an engine without the adaptive mode); ``pass`` judges the
+    ratio of medians.
 
-    def bar(num, den, level, **extra):
+    ``calls`` (same keys, {system: tokens/s of each call, in the run's order: call c of repeat r of
+    every system at one index}) adds ``paired`` to each bar: the median and IQR over the calls of the
+    per-call ratio.  Both systems of a pair ran the same prompts and seed within one sweep of the
+    systems, so a slow spell of the machine or a prompt's long completions move both: a tighter
+    estimate of the same ratio than two medians taken apart."""
+
+    def bar(num, den, level, series=None, **extra):
         value = num / den if num is not None and den else None
-        return {
+        out = {
             "value": round(value, 4) if value is not None else None,
             "bar": level,
             "pass": value >= level if value is not None else None,
             **extra,
         }
+        if series is not None:
+            a, b = series
+            ratios = [x / y for x, y in zip(a, b, strict=True) if y] if a and b else []
+            out["paired"] = spread(ratios) if ratios else None
+        return out
 
     out: dict = {}
     for batch, rates in results.items():
         row = {}
         plain = rates.get("plain")
+        per = (calls or {}).get(batch)
+
+        def pair(num: str, den: str | None, per=per):
+            return None if per is None else (per.get(num), per.get(den) if den else None)
+
         for rule in RULES:
             auto = rates.get(f"{rule}_auto") if auto_ok else None
             fixed = {"plain": plain} | {f"{rule}_k{k}": rates.get(f"{rule}_k{k}") for k in ks}
             fixed = {n: v for n, v in fixed.items() if v is not None}
             best = max(fixed, key=fixed.get) if fixed else None
-            row[f"{rule}_auto_vs_best_fixed"] = bar(auto, fixed.get(best), AUTO_VS_BEST, best=best)
-            row[f"{rule}_auto_vs_plain"] = bar(auto, plain, 1.0)
+            name = f"{rule}_auto"
+            row[f"{rule}_auto_vs_best_fixed"] = bar(
+                auto, fixed.get(best), AUTO_VS_BEST, pair(name, best), best=best
+            )
+            row[f"{rule}_auto_vs_plain"] = bar(auto, plain, 1.0, pair(name, "plain"))
             if batch == f"batch_{speedup_batch}":
-                row[f"{rule}_auto_speedup"] = bar(auto, plain, SPEEDUP_BARS[rule])
+                row[f"{rule}_auto_speedup"] = bar(auto, plain, SPEEDUP_BARS[rule], pair(name, "plain"))
         shapes = [f"k{k}" for k in ks] + ["tree"] + (["auto"] if auto_ok else [])
         for shape in shapes:
             row[f"mars_vs_strict_{shape}"] = bar(
-                rates.get(f"mars_{shape}"), rates.get(f"strict_{shape}"), 1.0
+                rates.get(f"mars_{shape}"),
+                rates.get(f"strict_{shape}"),
+                1.0,
+                pair(f"mars_{shape}", f"strict_{shape}"),
             )
         out[batch] = row
     verdicts = {f"{batch}.{name}": b["pass"] for batch, row in out.items() for name, b in row.items()}
@@ -223,7 +253,7 @@ def main(argv=None) -> dict:
         which lasts seconds, falls on all systems alike instead of on the one that happened to run.  A
         system's figure is its tokens over its seconds summed over the calls; its breakdown and K
         figures are its last call's."""
-        acc = {name: {"wall": 0.0, "tokens": 0, "timed": 0, "stats": {}} for name in systems}
+        acc = {name: {"wall": 0.0, "tokens": 0, "timed": 0, "stats": {}, "per_call": []} for name in systems}
         for c in range(n_calls(batch)):
             shift = (rep * n_calls(batch) + c) % len(systems)
             for name in systems[shift:] + systems[:shift]:
@@ -240,11 +270,17 @@ def main(argv=None) -> dict:
                 a["tokens"] += tokens
                 a["timed"] += calls
                 a["stats"] = last
+                a["per_call"].append(tokens / wall)
         runs = {}
         for name, a in acc.items():
             rate = a["tokens"] / a["wall"]
             log(f"B={batch} rep={rep} {name}: {rate:.0f} tok/s ({a['timed']} call(s), {a['wall']:.2f} s)")
-            runs[name] = {"wall_s": a["wall"] / a["timed"], "tokens_per_s": rate, "stats": a["stats"]}
+            runs[name] = {
+                "wall_s": a["wall"] / a["timed"],
+                "tokens_per_s": rate,
+                "stats": a["stats"],
+                "per_call": a["per_call"],
+            }
         return runs
 
     out: dict = {
@@ -267,6 +303,7 @@ def main(argv=None) -> dict:
         "results": {},
     }
     medians: dict[str, dict[str, float]] = {}
+    per_call: dict[str, dict[str, list[float]]] = {}
     for batch in args.batches:
         engines["plain"].generate(shape(batch)[0][:1], SamplingParams(max_new_tokens=4, eos_token_id=eos))
         runs: dict[str, list] = {name: [] for name in systems}
@@ -292,6 +329,8 @@ def main(argv=None) -> dict:
             row["ratio_to_marsrl_plain"] = round(med[name] / med["plain"], 3)
             row["ratio_to_hf_generate"] = round(med[name] / med["hf_generate"], 3)
         medians[f"batch_{batch}"] = med
+        # every system's calls in one order (repeat, then call): index i is one sweep's call for all
+        per_call[f"batch_{batch}"] = {n: [x for r in rs for x in r["per_call"]] for n, rs in runs.items()}
         out["results"][f"batch_{batch}"] = {
             "prompts": len(group_prompts),
             "calls": n_calls(batch),
@@ -317,7 +356,7 @@ def main(argv=None) -> dict:
         }
         for batch, res in out["results"].items()
     }
-    out["bars"] = compute_bars(medians, args.ks, auto_ok)
+    out["bars"] = compute_bars(medians, args.ks, auto_ok, calls=per_call)
     json.dump(out, sys.stdout, indent=2)
     print()
     return out

@@ -158,6 +158,8 @@ def test_scale_bench_quick_on_micro(micro_world, capsys):
     for rule in ("strict", "mars"):
         bar = bars["batch_8"][f"{rule}_auto_vs_best_fixed"]
         assert bar["bar"] == 0.97 and (bar["value"] is None) == (not out["auto_supported"])
+        if out["auto_supported"]:  # --quick: one call a system, so one pair
+            assert bar["paired"]["n"] == 1 and bar["paired"]["median"] > 0
     assert set(out["tail"]) >= {"batch", "plain", "strict_k1"} and out["tail"]["batch"] == 8
     assert '"bars"' in capsys.readouterr().out
 
@@ -191,6 +193,23 @@ def test_scale_bars_by_hand():
     assert out["batch_8"]["strict_auto_vs_best_fixed"]["best"] == "plain"
     assert out["batch_8"]["strict_auto_vs_plain"]["pass"] is None and out["all_pass"] is None
     assert "strict_auto_speedup" not in out["batch_8"] and "mars_vs_strict_auto" not in out["batch_8"]
+    assert "paired" not in out["batch_8"]["mars_vs_strict_k1"]  # no per-call rates given
+
+
+def test_scale_bars_pair_the_calls():
+    """Per-call ratios: call i of auto over call i of the best fixed system (by median), then their median
+    and IQR; a pair whose slow spell hit both systems cancels where the two medians do not."""
+    bars = _load_bench("scale").compute_bars
+    rates = {"plain": 100.0, "strict_k1": 150.0, "strict_tree": 90.0, "strict_auto": 140.0}
+    rates |= {"mars_k1": 150.0, "mars_tree": 95.0, "mars_auto": 150.0}
+    calls = {name: [2 * r, r, 4 * r] for name, r in rates.items()}  # each call's speed scales all systems
+    calls["strict_auto"] = [300.0, 150.0, 560.0]  # ratios 1.0, 1.0, 0.9333 to strict_k1's 300, 150, 600
+    row = bars({"batch_8": rates}, [1], auto_ok=True, calls={"batch_8": calls})["batch_8"]
+    auto = row["strict_auto_vs_best_fixed"]
+    assert auto["best"] == "strict_k1" and auto["value"] == round(140 / 150, 4)
+    assert auto["paired"]["median"] == 1.0 and auto["paired"]["n"] == 3
+    assert auto["paired"]["min"] == round(560 / 600, 4)
+    assert row["mars_vs_strict_tree"]["paired"]["median"] == round(95 / 90, 4)
 
 
 def test_bench_common_tail_spread_and_rounds():
