@@ -259,3 +259,17 @@ def test_gpu_bench_without_cuda_says_so_and_exits_0(monkeypatch, capsys):
     assert _load_bench("gpu").main([]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and "no CUDA" in lines[0]
+
+
+def test_engine_bench_only_the_plain_path_with_paired_ratios(capsys):
+    bench = _load_bench("engine")
+    args = ["--new-tokens", "4", "--batch-sizes", "1", "--repeats", "3", "--min-seconds", "0"]
+    out = bench.main([*args, "--only", "marsrl_plain"])
+    res = out["results"]["batch_1"]
+    assert set(res) == {"hf_generate", "marsrl_plain"}
+    paired = res["marsrl_plain"]["paired_ratio_to_hf_generate"]
+    assert paired["n"] == 3 and paired["min"] <= paired["median"] <= paired["max"]
+    assert res["hf_generate"]["paired_ratio_to_hf_generate"]["median"] == 1.0
+    with pytest.raises(SystemExit):
+        bench.main([*args, "--only", "marsrl_nope"])
+    assert "unknown system" in capsys.readouterr().err

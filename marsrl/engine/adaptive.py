@@ -78,20 +78,25 @@ class CostModel:
             self.weight[r][k] = w + 1
 
     def round_seconds(self, rows: int, k: int) -> float:
-        grid = sorted(self.rounds)
-        return max(_interp(grid, [self._at(r, k) for r in grid], rows), 1e-9)
+        return self.round_seconds_upto(rows, k)[k]
 
-    def _at(self, r: int, k: int) -> float:
-        """The model at a measured batch size r."""
+    def round_seconds_upto(self, rows: int, k_max: int) -> list[float]:
+        """``round_seconds(rows, k)`` for k = 0 .. k_max, with one line fit per measured batch size (the
+        planner asks for every k each round)."""
+        grid = sorted(self.rounds)
+        at = [self._upto(r, k_max) for r in grid]
+        return [max(_interp(grid, [row[k] for row in at], rows), 1e-9) for k in range(k_max + 1)]
+
+    def _upto(self, r: int, k_max: int) -> list[float]:
+        """The model at a measured batch size r, for k = 0 .. k_max."""
         figures = self.rounds[r]
         plain = figures.get(0)
         ks = sorted(j for j in figures if j > 0)
-        if k == 0 and plain is not None:
-            return plain
         if not ks:  # only plain steps measured here
-            return plain
+            return [plain] * (k_max + 1)
         a, b = _line(ks, [figures[j] for j in ks])
-        return max(a + b * k, plain if plain is not None else 0.0)
+        floor = plain if plain is not None else 0.0
+        return [plain if k == 0 and plain is not None else max(a + b * k, floor) for k in range(k_max + 1)]
 
     def to_dict(self) -> dict:
         return {
@@ -142,11 +147,17 @@ class AcceptanceEstimates:
         return (self.accepted[j] + self.pool * pooled) / (self.reached[j] + self.pool)
 
     def expected_tokens(self, k: int) -> float:
-        total, run = 1.0, 1.0
-        for j in range(k):
-            run *= self.rate(j)
+        return self.expected_tokens_upto(k)[k]
+
+    def expected_tokens_upto(self, k_max: int) -> list[float]:
+        """``expected_tokens(k)`` for k = 0 .. k_max in one pass."""
+        pooled = (sum(self.accepted) + 1) / (sum(self.reached) + 2)
+        out, total, run = [1.0], 1.0, 1.0
+        for j in range(k_max):
+            run *= (self.accepted[j] + self.pool * pooled) / (self.reached[j] + self.pool)
             total += run
-        return total
+            out.append(total)
+        return out
 
 
 class KPlanner:
@@ -171,7 +182,9 @@ class KPlanner:
         if self.first:  # nothing observed yet: learn the acceptance of every position once
             self.first = False
             return self.k_max
-        rates = [self.rate(rows, k) for k in range(self.k_max + 1)]
+        tokens = self.estimates.expected_tokens_upto(self.k_max)
+        seconds = self.costs.round_seconds_upto(rows, self.k_max)
+        rates = [rows * n / t for n, t in zip(tokens, seconds, strict=True)]  # = self.rate(rows, k)
         best = max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
         if best > 0:
             self.plain_run = 0

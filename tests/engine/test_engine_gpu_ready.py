@@ -214,6 +214,56 @@ def test_planner_picks_plain_when_speculation_cannot_pay_and_k_when_it_does():
         assert planner.choose(1) == want
 
 
+def _reference_rate(costs, est, rows: int, k: int) -> float:
+    """The planner's objective for one k, term by term: rows x E[tokens | k] / t(rows, k)."""
+    from marsrl.engine.adaptive import _interp, _line
+
+    pooled = (sum(est.accepted) + 1) / (sum(est.reached) + 2)
+    tokens, run = 1.0, 1.0
+    for j in range(k):
+        run *= (est.accepted[j] + est.pool * pooled) / (est.reached[j] + est.pool)
+        tokens += run
+    grid, at = sorted(costs.rounds), []
+    for r in grid:
+        figures = costs.rounds[r]
+        plain, ks = figures.get(0), sorted(j for j in figures if j > 0)
+        if (k == 0 and plain is not None) or not ks:
+            at.append(plain)
+            continue
+        a, b = _line(ks, [figures[j] for j in ks])
+        at.append(max(a + b * k, plain if plain is not None else 0.0))
+    return rows * tokens / max(_interp(grid, at, rows), 1e-9)
+
+
+def test_planner_choice_equals_the_argmax_of_per_k_reference_rates():
+    """``choose`` scores every k in one pass (one line fit per batch size, one pass over the positions);
+    the reference scores each k apart.  200 random cost models and acceptance histories (seed 0), live
+    batches 1 .. 200: the same rates bit for bit, and the same k."""
+    import random
+
+    from marsrl.engine.adaptive import AcceptanceEstimates, KPlanner
+
+    rng = random.Random(0)
+    for _ in range(200):
+        grid = sorted(rng.sample([1, 2, 4, 8, 16, 32, 64, 128], rng.randint(1, 4)))
+        k_max = rng.randint(1, 8)
+        rounds = {
+            r: {k: rng.uniform(0.005, 0.2) for k in range(k_max + 1) if k == 0 or rng.random() < 0.8}
+            for r in grid
+        }
+        est = AcceptanceEstimates(k_max)
+        for _ in range(rng.randint(0, 30)):
+            d = rng.randint(1, k_max)
+            est.update(d, rng.randint(0, d))
+        costs = CostModel(rounds=rounds)
+        planner = KPlanner(costs, k_max, probe_every=10**9, estimates=est)
+        planner.first = False
+        rows = rng.randint(1, 200)
+        ref = [_reference_rate(costs, est, rows, k) for k in range(k_max + 1)]
+        assert [planner.rate(rows, k) for k in range(k_max + 1)] == ref
+        assert planner.choose(rows) == max(range(k_max + 1), key=lambda k: (ref[k], -k))
+
+
 def test_auto_config_errors():
     with pytest.raises(ValueError, match="max_draft_tokens is only"):
         EngineConfig(num_draft_tokens=3, max_draft_tokens=4)
