@@ -9,8 +9,9 @@ trained); other keys are ignored, blank lines skipped.  The draft vocabulary is 
 of the completions (of the whole sequence for ``input_ids`` records).  With a head and trainer state
 already in --out, training resumes from them unless --no-resume.
 
-Training defaults live in ``train_offline``; flags left out use them.  Leaves out: tokenising text
-(give token ids made with the target's tokenizer and chat template) and generating the data.
+Training defaults live in ``marsrl.drafter.config.OFFLINE`` (``train_offline``'s own defaults, there
+so the parser reads them without importing torch); flags left out use them.  Leaves out: tokenising
+text (give token ids made with the target's tokenizer and chat template) and generating the data.
 """
 
 from __future__ import annotations
