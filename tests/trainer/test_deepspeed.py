@@ -48,17 +48,19 @@ def _start(folder, out: Path, stage: int, ranks: int) -> tuple[subprocess.Popen,
             _port(),
         ]
     cmd += [str(RUNNER), str(folder), str(out), "--stage", str(stage), "--per-device", str(8 // ranks)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # output to a file, not a pipe: a run started beside another must not stall on a full pipe
+    with open(f"{out}.log", "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     return proc, out, ranks
 
 
 def _wait(run: tuple[subprocess.Popen, Path, int]) -> list[dict]:
     proc, out, ranks = run
     try:
-        _, err = proc.communicate(timeout=300)
+        proc.wait(timeout=300)
     finally:
         proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 0, Path(f"{out}.log").read_text()[-3000:]
     return [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(ranks)]
 
 
