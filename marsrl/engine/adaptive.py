@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from dataclasses import dataclass, field
 
 
@@ -47,6 +48,11 @@ def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
+def lower_quartile(values: list[float]) -> float:
+    """The (n - 1) // 4-th smallest: the least of up to four, the second of five to eight, ..."""
+    return sorted(values)[(len(values) - 1) // 4]
+
+
 @dataclass
 class CostModel:
     """Measured seconds of one whole round (draft, target forward, verification, commit, record) for
@@ -54,28 +60,47 @@ class CostModel:
     size the model is the plain step's own figure at k = 0 and a line in k through the k >= 1 figures
     (least squares, slope >= 0, never below the plain step): a speculative round pays the drafter's
     absorb and a wider forward even at k = 1, a step a line through k = 0 would smear over every k.
-    Interpolated linearly between sizes."""
+    Interpolated linearly between sizes.
+
+    Each figure is the lower quartile of the runs behind it (``runs[rows][k]``: one figure a run, the
+    median of its rounds; the last ``keep``): the calibration's runs, then one for every ``generate``
+    call that drafted k at about that size.  Noise on a shared machine only ever adds time, so a low
+    quantile is the steady cost; and since a figure's statistic is the same however many runs it has
+    seen, the k the planner keeps choosing is judged as the k's it has left are (a running mean of
+    every round would hold the chosen k to its noisy rounds and the others to their calibrated best,
+    and push the choice away from whatever it had chosen).  A figure given without runs counts as
+    ``seed_runs`` runs of itself."""
 
     rounds: dict[int, dict[int, float]] = field(default_factory=dict)
-    # how many round times each figure averages (a calibration figure counts as ``prior``)
-    weight: dict[int, dict[int, float]] = field(default_factory=dict)
-    prior: float = 4.0
+    runs: dict[int, dict[int, list[float]]] = field(default_factory=dict)
+    keep: int = 32
+    seed_runs: int = 3
+
+    def add_run(self, rows: int, k: int, seconds: float) -> None:
+        """One run's figure for (rows, k); the model's figure becomes the lower quartile of the runs."""
+        figures = self.rounds.setdefault(rows, {})
+        runs = self.runs.setdefault(rows, {})
+        if k not in runs:
+            runs[k] = [figures[k]] * self.seed_runs if k in figures else []
+        runs[k] = (runs[k] + [seconds])[-self.keep :]
+        figures[k] = lower_quartile(runs[k])
 
     def observe(self, trace: list) -> None:
         """Fold a call's measured rounds ([start, live rows, k, seconds] each) into the figures: a round
         with L live rows counts at the measured batch size nearest to L (in log scale), rescaled by the
-        model's ratio between the two sizes; each figure becomes the running mean of what it has seen."""
+        model's ratio between the two sizes; the rounds of one (size, k) make one run, their median."""
         grid = sorted(self.rounds)
         if not grid:
             return
+        groups: dict[tuple[int, int], list[float]] = {}
         for _, live, k, seconds in trace:
             if live < 1 or k not in self.rounds[grid[0]]:
                 continue
             r = min(grid, key=lambda g: abs(math.log(g / live)))
             scaled = seconds * self.round_seconds(r, k) / self.round_seconds(live, k)
-            w = self.weight.setdefault(r, {}).get(k, self.prior)
-            self.rounds[r][k] = (self.rounds[r][k] * w + scaled) / (w + 1)
-            self.weight[r][k] = w + 1
+            groups.setdefault((r, k), []).append(scaled)
+        for (r, k), seconds in groups.items():
+            self.add_run(r, k, statistics.median(seconds))
 
     def round_seconds(self, rows: int, k: int) -> float:
         return self.round_seconds_upto(rows, k)[k]
@@ -101,13 +126,17 @@ class CostModel:
     def to_dict(self) -> dict:
         return {
             "rounds": {str(r): {str(k): t for k, t in ks.items()} for r, ks in self.rounds.items()},
-            "weight": {str(r): {str(k): n for k, n in ks.items()} for r, ks in self.weight.items()},
+            "runs": {str(r): {str(k): list(v) for k, v in ks.items()} for r, ks in self.runs.items()},
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
         return cls(
-            rounds={int(r): {int(k): float(t) for k, t in ks.items()} for r, ks in d["rounds"].items()}
+            rounds={int(r): {int(k): float(t) for k, t in ks.items()} for r, ks in d["rounds"].items()},
+            runs={
+                int(r): {int(k): [float(t) for t in v] for k, v in ks.items()}
+                for r, ks in d.get("runs", {}).items()
+            },
         )
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import time
 from collections.abc import Sequence
 
@@ -425,22 +426,31 @@ class SpeculativeEngine:
         context: int = 64,
         repeats: int = 3,
         prompts: Sequence[Sequence[int]] | None = None,
+        rounds: int = 4,
     ):
         """Measure a ``CostModel`` on this engine's models: whole rounds drafting k = 0 .. K tokens for
         about each live batch size in ``rows`` (default 1, 4, 16, ... up to max_batch_size), as groups of
         up to 8 rows sharing a prompt (a GRPO batch).  The prompts are ``prompts`` where given (the first
         ``generate`` call calibrates on its own, so context lengths and the drafter's acceptance, which
         sets how many pairs a round absorbs, are the workload's), else random ones of ``context`` tokens.
-        Each figure is the median over ``repeats`` runs of 8 new tokens of the rounds in which every row
-        was live, the first round left out where later ones exist (it absorbs one pair, not a round's
-        worth).  On a GPU a round already ends in the engine's one device -> host copy, so wall time per
-        round is device time.  About 30 s on a CPU for the tiny world at max_batch_size 128."""
+
+        A run at k writes (k + 1)(rounds + 1) tokens, so even a row that accepts every draft stays live
+        for rounds + 1 rounds: the figure of a run is the median of those rounds but the first (it
+        absorbs one pair, not a round's worth), and each k's figure is the lower quartile of its runs'
+        figures (``CostModel.add_run``; the least of up to four).  A round's time varies little within a run but its level moves between runs (the first
+        run at a new width is slow, and on a shared machine a neighbour slows whole seconds), and those
+        only ever add time, so the least run is the steady cost, the one that ranks the k's.  Every k
+        has as many rounds as every other (a fixed token count gave k = 7 one or two rounds a run), and
+        the repeats sweep the k's in alternating order, so a drift in speed falls on every k alike.  On a
+        GPU a round already ends in the engine's one device -> host copy, so wall time per round is
+        device time.  About 50 s on a CPU for the tiny world at max_batch_size 128."""
         top = self.config.max_batch_size
         rows = sorted(set(rows or [*(4**i for i in range(8) if 4**i < top), top]))
         costs = CostModel()
         gen = torch.Generator().manual_seed(0)
         given = [list(p) for p in prompts] if prompts else None
         saved = self.stats
+        ks = list(range(self._k_max + 1))
         for want in rows:
             group = min(8, want)
             n = max(want // group, 1)
@@ -449,17 +459,15 @@ class SpeculativeEngine:
             else:
                 batch = torch.randint(0, self.vocab_size, (n, context), generator=gen).tolist()
             r = n * group
-            costs.rounds[r] = {}
             self._generate(batch, SamplingParams(max_new_tokens=2, n=group, ignore_eos=True), FixedK(0))
-            for k in range(self._k_max + 1):
-                sp = SamplingParams(max_new_tokens=8, n=group, ignore_eos=True, seed=0)
-                times = []
-                for _ in range(repeats):
+            for rep in range(repeats):
+                for k in ks if rep % 2 == 0 else ks[::-1]:
+                    new = (k + 1) * (rounds + 1)
+                    sp = SamplingParams(max_new_tokens=new, n=group, ignore_eos=True, seed=rep)
                     self._generate(batch, sp, FixedK(k))
                     full = [t for _, live, _, t in self._totals["trace"] if live == r]
-                    times += full[1:] or full
-                times.sort()
-                costs.rounds[r][k] = times[len(times) // 2] if times else float("nan")
+                    if full:
+                        costs.add_run(r, k, statistics.median(full[1:] or full))
         self.stats = saved
         return costs
 

@@ -292,13 +292,36 @@ def test_shared_prefix_prefill_gives_the_unshared_trajectories_bit_for_bit(targe
 
 def test_measured_rounds_sharpen_the_cost_model():
     costs = CostModel(rounds={1: {0: 1.0, 1: 1.0}, 4: {0: 2.0, 1: 2.0}})
-    costs.observe([[0.0, 4, 1, 4.0], [0.1, 1, 0, 1.0], [0.2, 3, 1, 3.0]])
-    # in order: the 4-row k = 1 figure becomes (2 * 4 + 4) / 5 = 2.4; the 1-row k = 0 one stays 1; the
-    # 3-row round counts at 4 rows, rescaled by model(4, 1) / model(3, 1) = 2.4 / (1 + 1.4 * 2 / 3)
-    scaled = 3.0 * 2.4 / (1 + 1.4 * 2 / 3)
-    assert costs.rounds[4][1] == pytest.approx((2.4 * 5 + scaled) / 6)
-    assert costs.rounds[1][0] == pytest.approx(1.0) and costs.weight[4][1] == 6
-    assert costs.rounds[4][0] == 2.0  # never observed
+    # one call: two k = 1 rounds near 4 rows, one plain round at 1 row; the 3-row round counts at 4 rows,
+    # rescaled by model(4, 1) / model(3, 1) = 2 / (1 + 2 / 3)
+    call = [[0.0, 4, 1, 4.0], [0.1, 1, 0, 1.0], [0.2, 3, 1, 3.0]]
+    scaled = 3.0 * 2.0 / (1 + 2 / 3)
+    costs.observe(call)
+    assert costs.runs[4][1] == [2.0, 2.0, 2.0, pytest.approx((4.0 + scaled) / 2)]  # seeded with 3 of its figure
+    assert costs.rounds[4][1] == 2.0  # one slow call does not move the lower quartile
+    assert costs.rounds[4][0] == 2.0 and 0 not in costs.runs[4]  # never observed
+    # calls that keep measuring it slower take over within a dozen: the figure follows the rounds
+    for _ in range(9):
+        costs.observe([[0.0, 4, 1, 4.0]])
+    assert costs.rounds[4][1] == pytest.approx((4.0 + scaled) / 2)
+    for _ in range(40):
+        costs.observe([[0.0, 4, 1, 4.0]])
+    assert costs.rounds[4][1] == 4.0 and len(costs.runs[4][1]) == costs.keep  # the seeds have aged out
+    # and a single fast outlier does not pull it down
+    costs.observe([[0.0, 4, 1, 0.5]])
+    assert costs.rounds[4][1] == 4.0
+    again = CostModel.from_dict(costs.to_dict())
+    assert again.rounds == costs.rounds and again.runs == costs.runs
+
+
+def test_calibration_figures_are_the_lower_quartile_of_their_runs():
+    costs = CostModel()
+    for t in (3.0, 1.0, 2.0):
+        costs.add_run(8, 2, t)
+    assert costs.rounds[8][2] == 1.0  # the least of three
+    for t in (5.0, 6.0):
+        costs.add_run(8, 2, t)
+    assert costs.rounds[8][2] == 2.0  # the second of five
 
 
 def test_plain_steps_without_padding_skip_the_mask_and_match_the_masked_path(qwen, monkeypatch):
