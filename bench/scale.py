@@ -213,7 +213,7 @@ def main(argv=None) -> dict:
     engines = {
         name: SpeculativeEngine(target, None if name == "plain" else head, c) for name, c in cfgs.items()
     }
-    calibration = None
+    calibration = calibrated = None
     autos = [eng for name, eng in engines.items() if name.endswith("_auto")]
     if autos and hasattr(autos[0], "calibrate"):
         # the cost model depends on the models only, not the rule: measured once, shared
@@ -225,6 +225,7 @@ def main(argv=None) -> dict:
             kw = {"prompts": prompts} if "prompts" in inspect.signature(autos[0].calibrate).parameters else {}
         model = autos[0].calibrate(**kw)
         calibration = round(time.perf_counter() - start, 3)
+        calibrated = model.to_dict() if hasattr(model, "to_dict") else None
         for eng in autos:
             eng.cost_model = model
         log(f"auto: cost model measured in {calibration} s (shared by {len(autos)} engines)")
@@ -300,6 +301,11 @@ def main(argv=None) -> dict:
         "auto_supported": auto_ok,
         "auto_max_draft_tokens": max(args.ks) if auto_ok else None,
         "calibration_s": calibration,
+        # the shared cost model as calibrated and after every call's rounds were folded in (seconds)
+        "cost_model": {
+            "calibrated": calibrated,
+            "final": None,  # filled in after the last call
+        },
         "results": {},
     }
     medians: dict[str, dict[str, float]] = {}
@@ -356,6 +362,8 @@ def main(argv=None) -> dict:
         }
         for batch, res in out["results"].items()
     }
+    if calibrated:
+        out["cost_model"]["final"] = autos[0].cost_model.to_dict()
     out["bars"] = compute_bars(medians, args.ks, auto_ok, calls=per_call)
     json.dump(out, sys.stdout, indent=2)
     print()

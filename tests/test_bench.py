@@ -161,6 +161,11 @@ def test_scale_bench_quick_on_micro(micro_world, capsys):
         if out["auto_supported"]:  # --quick: one call a system, so one pair
             assert bar["paired"]["n"] == 1 and bar["paired"]["median"] > 0
     assert set(out["tail"]) >= {"batch", "plain", "strict_k1"} and out["tail"]["batch"] == 8
+    if out["auto_supported"]:  # the shared cost model, as calibrated and after the auto calls' rounds
+        calibrated, final = out["cost_model"]["calibrated"], out["cost_model"]["final"]
+        assert set(calibrated["rounds"]) == {"1", "4", "8"} == set(final["rounds"])
+        runs = lambda m: sum(len(v) for ks in m["runs"].values() for v in ks.values())  # noqa: E731
+        assert runs(final) > runs(calibrated)
     assert '"bars"' in capsys.readouterr().out
 
 

@@ -225,6 +225,8 @@ class KPlanner:
             return max(range(1, self.k_max + 1), key=lambda k: (rates[k], -k))
         return 0
 
+    exhausted = False  # never stops a call early (``CycleK`` does)
+
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
         for d, a in zip(drafted, accepted, strict=True):
             if d:
@@ -232,13 +234,36 @@ class KPlanner:
 
 
 class FixedK:
-    """A planner that always drafts k (calibration runs, and tests)."""
+    """A planner that always drafts k (tests, benches)."""
+
+    exhausted = False
 
     def __init__(self, k: int):
         self.k = k
 
     def choose(self, rows: int) -> int:
         return self.k
+
+    def observe(self, drafted: list[int], accepted: list[int]) -> None:
+        pass
+
+
+class CycleK:
+    """The calibration's planner: one round at ``ks[0]`` (it absorbs the prompt's last pair, not a
+    round's worth), then ``cycles`` passes over ``ks``, then ``exhausted`` (the engine stops the call).
+    Every k's rounds are spread over the whole call, a few tens of milliseconds apart, so a slow spell
+    of the machine (seconds) falls on all of them alike."""
+
+    def __init__(self, ks: list[int], cycles: int):
+        self.plan = [ks[0], *(ks * cycles)]
+        self.i = 0
+        self.exhausted = False
+
+    def choose(self, rows: int) -> int:
+        k = self.plan[self.i]
+        self.i += 1
+        self.exhausted = self.i == len(self.plan)
+        return k
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
         pass

@@ -37,7 +37,7 @@ import torch
 from ..trajectory import PER_TOKEN_FIELDS, Trajectory
 from ..verify import Provenance, sample_plain, verify_chain, verify_tree
 from ..verify.dist import sample_from_weights
-from .adaptive import CostModel, FixedK, KPlanner
+from .adaptive import CostModel, CycleK, FixedK, KPlanner
 from .attention import check_attention, target_attention
 from .cache import RaggedCache
 from .config import EngineConfig, SamplingParams
@@ -298,6 +298,8 @@ class SpeculativeEngine:
             totals["trace"].append(
                 [round_start - self._t0, len(rows), width, time.perf_counter() - round_start]
             )
+            if planner is not None and planner.exhausted:  # a calibration run has what it needs
+                break
         totals["cache_bytes_copied"] += tcache.bytes_copied
         if self._eagle is not None:
             totals["cache_bytes_copied"] += self._eagle.cache.bytes_copied
@@ -426,7 +428,7 @@ class SpeculativeEngine:
         context: int = 64,
         repeats: int = 3,
         prompts: Sequence[Sequence[int]] | None = None,
-        rounds: int = 4,
+        cycles: int = 4,
     ):
         """Measure a ``CostModel`` on this engine's models: whole rounds drafting k = 0 .. K tokens for
         about each live batch size in ``rows`` (default 1, 4, 16, ... up to max_batch_size), as groups of
@@ -434,16 +436,15 @@ class SpeculativeEngine:
         ``generate`` call calibrates on its own, so context lengths and the drafter's acceptance, which
         sets how many pairs a round absorbs, are the workload's), else random ones of ``context`` tokens.
 
-        A run at k writes (k + 1)(rounds + 1) tokens, so even a row that accepts every draft stays live
-        for rounds + 1 rounds: the figure of a run is the median of those rounds but the first (it
-        absorbs one pair, not a round's worth), and each k's figure is the lower quartile of its runs'
-        figures (``CostModel.add_run``; the least of up to four).  A round's time varies little within a run but its level moves between runs (the first
-        run at a new width is slow, and on a shared machine a neighbour slows whole seconds), and those
-        only ever add time, so the least run is the steady cost, the one that ranks the k's.  Every k
-        has as many rounds as every other (a fixed token count gave k = 7 one or two rounds a run), and
-        the repeats sweep the k's in alternating order, so a drift in speed falls on every k alike.  On a
-        GPU a round already ends in the engine's one device -> host copy, so wall time per round is
-        device time.  About 50 s on a CPU for the tiny world at max_batch_size 128."""
+        A run is one call whose rounds cycle through k = 0 .. K ``cycles`` times (``CycleK``; every row
+        live throughout, the first round left out); its figure for k is the median of its rounds at k,
+        and each k's figure is the lower quartile of its runs' (``CostModel.add_run``; the least of up to
+        four).  A round's time varies little within a run, but a shared machine slows whole seconds at
+        a time: with every k measured within the same second, such a spell moves all k's alike, and as
+        it only ever adds time the least run is the steady cost, the one that ranks the k's.  The runs
+        sweep k up and down in turn (a round absorbs what the round before it accepted).  On a GPU a
+        round already ends in the engine's one device -> host copy, so wall time per round is device
+        time.  About 30 s on a CPU for the tiny world at max_batch_size 128."""
         top = self.config.max_batch_size
         rows = sorted(set(rows or [*(4**i for i in range(8) if 4**i < top), top]))
         costs = CostModel()
@@ -451,6 +452,7 @@ class SpeculativeEngine:
         given = [list(p) for p in prompts] if prompts else None
         saved = self.stats
         ks = list(range(self._k_max + 1))
+        new = cycles * sum(k + 1 for k in ks) + ks[-1] + 1  # no row can finish before the cycles end
         for want in rows:
             group = min(8, want)
             n = max(want // group, 1)
@@ -461,13 +463,14 @@ class SpeculativeEngine:
             r = n * group
             self._generate(batch, SamplingParams(max_new_tokens=2, n=group, ignore_eos=True), FixedK(0))
             for rep in range(repeats):
-                for k in ks if rep % 2 == 0 else ks[::-1]:
-                    new = (k + 1) * (rounds + 1)
-                    sp = SamplingParams(max_new_tokens=new, n=group, ignore_eos=True, seed=rep)
-                    self._generate(batch, sp, FixedK(k))
-                    full = [t for _, live, _, t in self._totals["trace"] if live == r]
-                    if full:
-                        costs.add_run(r, k, statistics.median(full[1:] or full))
+                sp = SamplingParams(max_new_tokens=new, n=group, ignore_eos=True, seed=rep)
+                self._generate(batch, sp, CycleK(ks if rep % 2 == 0 else ks[::-1], cycles))
+                times: dict[int, list[float]] = {}
+                for _, live, k, t in self._totals["trace"][1:]:
+                    if live == r:
+                        times.setdefault(k, []).append(t)
+                for k, t in sorted(times.items()):
+                    costs.add_run(r, k, statistics.median(t))
         self.stats = saved
         return costs
 

@@ -201,6 +201,20 @@ def test_calibrate_measures_every_batch_and_width(qwen):
     assert all(costs.round_seconds(r, k) <= costs.round_seconds(r, k + 1) for r in (1, 4) for k in (0, 1))
 
 
+def test_a_calibration_run_cycles_every_k_and_stops_when_the_plan_is_done(qwen):
+    from marsrl.engine.adaptive import CycleK
+
+    eng = SpeculativeEngine(
+        qwen, Eagle3Drafter.from_target(qwen), EngineConfig(num_draft_tokens="auto", max_draft_tokens=2)
+    )
+    sp = SamplingParams(max_new_tokens=40, n=2, ignore_eos=True)
+    out = eng._generate([[3, 4, 5]], sp, CycleK([2, 1, 0], cycles=2))
+    # a lead-in round, then two passes; the call ends there, before any row reaches max_new_tokens
+    assert eng.stats["k_per_round"] == [2, 2, 1, 0, 2, 1, 0]
+    assert all(len(t.completion_ids) < 40 for t in out)
+    assert [live for _, live, _, _ in eng.stats["trace"]] == [2] * 7
+
+
 def test_planner_picks_plain_when_speculation_cannot_pay_and_k_when_it_does():
     from marsrl.engine.adaptive import KPlanner
 
