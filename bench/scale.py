@@ -23,6 +23,9 @@ a no-op, so profiling costs a few timer calls per round and the timed calls give
 largest B, the wall time after 90% of the sequences have finished.  Stats an engine does not report
 are null.  "bars" holds the issue's acceptance bars, each as {value, bar, pass} (pass judges the ratio
 of medians) with ``paired``: the median and IQR of the per-call ratio of the two systems (``compute_bars``).
+"noise_floor" is the A/A control: a second, identical plain engine (``plain_control``) against plain,
+whose true ratio is 1 (``noise_floor``).  "cost_model" is the adaptive mode's model as calibrated and
+after every auto call's rounds were folded in.
 
 Prints one JSON object on stdout; progress goes to stderr.  Reuses the world cached under
 ``$MARSRL_CACHE`` (``~/.cache/marsrl``) and builds it only when it is missing.
@@ -64,7 +67,11 @@ def engine_configs(args, max_batch: int, profile: bool) -> tuple[dict[str, Engin
         common["profile"] = True
     kmax = max(args.ks)
     auto_ok = option_supported(EngineConfig, num_draft_tokens="auto", max_draft_tokens=kmax, **common)
-    cfgs: dict[str, EngineConfig | None] = {"plain": EngineConfig(**common)}
+    # plain_control: a second plain engine, the A/A control (see ``noise_floor``)
+    cfgs: dict[str, EngineConfig | None] = {
+        "plain": EngineConfig(**common),
+        "plain_control": EngineConfig(**common),
+    }
     for rule in RULES:
         for k in args.ks:
             cfgs[f"{rule}_k{k}"] = EngineConfig(rule=rule, num_draft_tokens=k, **common)
@@ -147,6 +154,24 @@ def compute_bars(
     return out
 
 
+def noise_floor(results: dict[str, dict], calls: dict[str, dict[str, list[float]]]) -> dict:
+    """The A/A control at each B: two identical plain engines, ``plain_control`` / ``plain``, as the
+    ratio of medians and paired per call (as a bar's).  Both run the same code on the same prompts and
+    seeds, so the true ratio is 1: how far it lands from 1 is how far this run's timing alone moves a
+    bar, and a bar that misses by less cannot be told from a pass by this run."""
+    out = {}
+    for batch, rates in results.items():
+        a, b = rates.get("plain_control"), rates.get("plain")
+        per = calls.get(batch, {})
+        x, y = per.get("plain_control"), per.get("plain")
+        ratios = [u / v for u, v in zip(x, y, strict=True) if v] if x and y else []
+        out[batch] = {
+            "plain_control_vs_plain": round(a / b, 4) if a and b else None,
+            "paired": spread(ratios) if ratios else None,
+        }
+    return out
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="default", choices=sorted(PRESETS))
@@ -211,7 +236,8 @@ def main(argv=None) -> dict:
     profile = option_supported(EngineConfig, profile=True)
     cfgs, auto_ok = engine_configs(args, max_batch, profile)
     engines = {
-        name: SpeculativeEngine(target, None if name == "plain" else head, c) for name, c in cfgs.items()
+        name: SpeculativeEngine(target, None if name.startswith("plain") else head, c)
+        for name, c in cfgs.items()
     }
     calibration = calibrated = None
     autos = [eng for name, eng in engines.items() if name.endswith("_auto")]
@@ -365,6 +391,7 @@ def main(argv=None) -> dict:
     if calibrated:
         out["cost_model"]["final"] = autos[0].cost_model.to_dict()
     out["bars"] = compute_bars(medians, args.ks, auto_ok, calls=per_call)
+    out["noise_floor"] = noise_floor(medians, per_call)
     json.dump(out, sys.stdout, indent=2)
     print()
     return out

@@ -134,6 +134,7 @@ def test_scale_bench_quick_on_micro(micro_world, capsys):
     systems = {
         "hf_generate",
         "plain",
+        "plain_control",
         "strict_k1",
         "strict_k3",
         "mars_k1",
@@ -166,6 +167,8 @@ def test_scale_bench_quick_on_micro(micro_world, capsys):
         assert set(calibrated["rounds"]) == {"1", "4", "8"} == set(final["rounds"])
         runs = lambda m: sum(len(v) for ks in m["runs"].values() for v in ks.values())  # noqa: E731
         assert runs(final) > runs(calibrated)
+    floor = out["noise_floor"]["batch_8"]  # the A/A control: two identical plain engines, one pair
+    assert floor["plain_control_vs_plain"] > 0 and floor["paired"]["n"] == 1
     assert '"bars"' in capsys.readouterr().out
 
 
@@ -278,3 +281,35 @@ def test_engine_bench_only_the_plain_path_with_paired_ratios(capsys):
     with pytest.raises(SystemExit):
         bench.main([*args, "--only", "marsrl_nope"])
     assert "unknown system" in capsys.readouterr().err
+
+
+def test_calibration_bench_judges_each_choice_by_the_mean_model():
+    from marsrl.engine.adaptive import CostModel
+
+    summarise = _load_bench("calibration").summarise
+    # at a = 0.5 the expected tokens are 1, 1.5, 1.75: model 1 makes k = 2 cheap, model 2 makes it dear
+    one = CostModel(rounds={1: {0: 1.0, 1: 1.2, 2: 1.3}})
+    two = CostModel(rounds={1: {0: 1.0, 1: 1.2, 2: 1.9}})
+    out = summarise([one, two], batches=[1], k_max=2, acceptance=[0.5])
+    pick = out["choices"]["0.5"]["1"]
+    assert pick["chosen"] == [2, 1] and pick["counts"] == {"1": 1, "2": 1}
+    # the mean model (1, 1.2, 1.6) rates k = 1 at 1.5 / 1.2 = 1.25 and k = 2 at 1.75 / 1.6 = 1.09375
+    assert pick["best_by_mean_model"] == 1
+    assert pick["regret"]["max"] == pytest.approx(1 - 1.09375 / 1.25, abs=1e-4)
+    assert pick["regret"]["mean"] == pytest.approx((1 - 1.09375 / 1.25) / 2, abs=1e-4)
+    fig = out["figures_ms"]["1"]["2"]
+    assert fig["ms"] == [1300.0, 1900.0] and fig["cv"] == pytest.approx(0.3 / 1.6, abs=1e-4)
+
+
+def test_calibration_bench_on_micro(micro_world, capsys):
+    bench = _load_bench("calibration")
+    args = ["--world", str(micro_world), "--preset", "micro", "--max-batch", "8", "--calibrations", "2"]
+    out = bench.main([*args, "--max-draft-tokens", "2", "--batches", "1", "8", "--acceptance", "0.6"])
+    assert len(out["seconds"]) == 2 and set(out["figures_ms"]) == {"1", "4", "8"}
+    assert all(len(f["ms"]) == 2 and f["cv"] >= 0 for ks in out["figures_ms"].values() for f in ks.values())
+    for rows in ("1", "8"):
+        pick = out["choices"]["0.6"][rows]
+        assert len(pick["chosen"]) == 2 and 0 <= pick["regret"]["mean"] <= pick["regret"]["max"] < 1
+    assert '"choices"' in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench.main([*args[:-1], "1"])  # one calibration compares nothing

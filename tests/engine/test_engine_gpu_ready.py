@@ -311,7 +311,12 @@ def test_measured_rounds_sharpen_the_cost_model():
     call = [[0.0, 4, 1, 4.0], [0.1, 1, 0, 1.0], [0.2, 3, 1, 3.0]]
     scaled = 3.0 * 2.0 / (1 + 2 / 3)
     costs.observe(call)
-    assert costs.runs[4][1] == [2.0, 2.0, 2.0, pytest.approx((4.0 + scaled) / 2)]  # seeded with 3 of its figure
+    assert costs.runs[4][1] == [
+        2.0,
+        2.0,
+        2.0,
+        pytest.approx((4.0 + scaled) / 2),
+    ]  # seeded with 3 of its figure
     assert costs.rounds[4][1] == 2.0  # one slow call does not move the lower quartile
     assert costs.rounds[4][0] == 2.0 and 0 not in costs.runs[4]  # never observed
     # calls that keep measuring it slower take over within a dozen: the figure follows the rounds

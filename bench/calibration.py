@@ -1,0 +1,138 @@
+"""How steady the adaptive mode's cost model is: calibrate the same engine several times and compare.
+
+    python bench/calibration.py                     # default world, max batch 128, K = 7, 4 calibrations
+    python bench/calibration.py --calibrations 8 --acceptance 0.8 0.9
+    python bench/calibration.py --preset micro --max-batch 8 --calibrations 2   # a smoke run
+
+``num_draft_tokens="auto"`` chooses each round's k from a cost model measured once per engine
+(``SpeculativeEngine.calibrate``).  Near the optimum the expected tokens per second of neighbouring k
+differ by a few percent, so the timing noise of one calibration decides which of them ``auto`` drafts.
+This bench runs ``--calibrations`` calibrations back to back on the run's own prompts and reports:
+
+- ``figures_ms``: per measured batch size and k, the round time of each calibration (ms), and its
+  coefficient of variation across them (``cv``);
+- ``choices``: for each flat per-position acceptance rate a in ``--acceptance`` (every draft position
+  accepted with probability a given the ones before it: E[tokens | k] = 1 + a + ... + a^k) and each live
+  batch in ``--batches``, the k each calibration's model chooses, and ``regret``: how much slower that
+  choice is than the best k, both judged by the mean of all calibrations' models (the best estimate
+  here of the true costs).  A steady calibration chooses one k, or neighbours with regret near 0.
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from marsrl.engine import EngineConfig, SpeculativeEngine
+from marsrl.engine.adaptive import CostModel
+from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld
+from marsrl.tinyworld.build import heldout_problems
+from marsrl.tinyworld.tokenizer import chat_prompt_ids
+
+
+def rates(model: CostModel, rows: int, k_max: int, a: float) -> list[float]:
+    """Expected tokens per second of a round at each k = 0 .. k_max under a flat acceptance a."""
+    seconds = model.round_seconds_upto(rows, k_max)
+    return [rows * sum(a**j for j in range(k + 1)) / seconds[k] for k in range(k_max + 1)]
+
+
+def mean_model(models: list[CostModel]) -> CostModel:
+    """The figure-by-figure mean of models measured on one grid."""
+    grid = models[0].rounds
+    return CostModel(
+        rounds={
+            r: {k: statistics.fmean(m.rounds[r][k] for m in models) for k in ks} for r, ks in grid.items()
+        }
+    )
+
+
+def summarise(models: list[CostModel], batches: list[int], k_max: int, acceptance: list[float]) -> dict:
+    """``figures_ms`` and ``choices`` (see the module's docstring) of calibrations on one grid."""
+    grid = sorted(models[0].rounds)
+    figures = {}
+    for r in grid:
+        figures[str(r)] = {}
+        for k in sorted(models[0].rounds[r]):
+            ms = [1e3 * m.rounds[r][k] for m in models]
+            cv = statistics.pstdev(ms) / statistics.fmean(ms) if len(ms) > 1 else 0.0
+            figures[str(r)][str(k)] = {"ms": [round(t, 2) for t in ms], "cv": round(cv, 4)}
+    truth = mean_model(models)
+    choices = {}
+    for a in acceptance:
+        choices[str(a)] = {}
+        for rows in batches:
+            true = rates(truth, rows, k_max, a)
+            best = max(range(k_max + 1), key=lambda k: (true[k], -k))
+            picked = []
+            for m in models:
+                own = rates(m, rows, k_max, a)
+                picked.append(max(range(k_max + 1), key=lambda k, own=own: (own[k], -k)))
+            regret = [1 - true[k] / true[best] for k in picked]
+            choices[str(a)][str(rows)] = {
+                "best_by_mean_model": best,
+                "chosen": picked,
+                "counts": dict(sorted(Counter(map(str, picked)).items())),
+                "regret": {"mean": round(statistics.fmean(regret), 4), "max": round(max(regret), 4)},
+            }
+    return {"figures_ms": figures, "choices": choices}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="default", choices=sorted(PRESETS))
+    ap.add_argument("--world", type=Path, default=None, help="a built world's folder (default: the preset's)")
+    ap.add_argument("--max-batch", type=int, default=128, help="the engine's max_batch_size (sets the grid)")
+    ap.add_argument("--max-draft-tokens", type=int, default=7, help="K: calibrates k = 0 .. K")
+    ap.add_argument("--calibrations", type=int, default=4, help="calibrations to compare (>= 2)")
+    ap.add_argument(
+        "--acceptance", type=float, nargs="+", default=[0.8, 0.85, 0.9], help="flat per-position rates"
+    )
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128], help="live batches to judge")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    args = ap.parse_args(argv)
+    if args.calibrations < 2:
+        ap.error("--calibrations: at least 2 to compare")
+    if not all(0 < a < 1 for a in args.acceptance):
+        ap.error("--acceptance: rates must lie in (0, 1)")
+    torch.set_num_threads(args.threads)
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON
+        path = args.world or build_tinyworld(args.preset, progress=False)
+        target, tok, head, _ = load_tinyworld(path)
+    cfg = PRESETS[args.preset]
+    prompts = [
+        chat_prompt_ids(tok, p["question"]) for p in heldout_problems(cfg, max(args.max_batch // 8, 1))
+    ]
+    k_max = args.max_draft_tokens
+    config = EngineConfig(num_draft_tokens="auto", max_draft_tokens=k_max, max_batch_size=args.max_batch)
+    engine = SpeculativeEngine(target, head, config)
+    models, seconds = [], []
+    for i in range(args.calibrations):
+        start = time.perf_counter()
+        models.append(engine.calibrate(prompts=prompts))
+        seconds.append(round(time.perf_counter() - start, 2))
+        print(f"[calibration] {i + 1}/{args.calibrations}: {seconds[-1]} s", file=sys.stderr, flush=True)
+    out = {
+        "bench": "calibration",
+        "preset": args.preset,
+        "max_batch": args.max_batch,
+        "max_draft_tokens": k_max,
+        "threads": args.threads,
+        "seconds": seconds,
+        **summarise(models, args.batches, k_max, args.acceptance),
+    }
+    print(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
