@@ -17,6 +17,8 @@ same rule, and a chain of any length (0 included) is lossless under strict.
 
 Exploration: a run of plain steps learns nothing about acceptance, so after ``probe_every`` plain rounds
 in a row the engine drafts once at the best k >= 1; each probe that still loses to plain doubles the wait.
+Positions beyond the chosen k are not explored otherwise: their estimates stay where the last rounds that
+reached them (or the pooled rate) left them, so a pessimistic start can keep a shorter k than the best.
 
 Left out: per-row k (the target forward's width is the batch's largest k anyway), trees.
 """
@@ -234,7 +236,7 @@ class KPlanner:
 
 
 class FixedK:
-    """A planner that always drafts k (tests, benches)."""
+    """A planner that always drafts k (the calibration's warm-up call; tests)."""
 
     exhausted = False
 
