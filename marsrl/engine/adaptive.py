@@ -195,6 +195,8 @@ class KPlanner:
     """Chooses each round's k; one per ``generate`` call.  Its estimates start from the prior, or from
     ``estimates`` carried over from the engine's earlier calls (then no exploring first round)."""
 
+    exhausted = False  # every planner has it; only ``CycleK`` ever ends a call early
+
     def __init__(
         self, costs: CostModel, k_max: int, probe_every: int = 8, estimates: AcceptanceEstimates | None = None
     ):
@@ -227,8 +229,6 @@ class KPlanner:
             return max(range(1, self.k_max + 1), key=lambda k: (rates[k], -k))
         return 0
 
-    exhausted = False  # never stops a call early (``CycleK`` does)
-
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
         for d, a in zip(drafted, accepted, strict=True):
             if d:
@@ -254,7 +254,8 @@ class CycleK:
     """The calibration's planner: one round at ``ks[0]`` (it absorbs the prompt's last pair, not a
     round's worth), then ``cycles`` passes over ``ks``, then ``exhausted`` (the engine stops the call).
     Every k's rounds are spread over the whole call, a few tens of milliseconds apart, so a slow spell
-    of the machine (seconds) falls on all of them alike."""
+    of the machine (seconds) falls on all of them alike.  One plan covers one batch: calibration calls
+    stay within max_batch_size."""
 
     def __init__(self, ks: list[int], cycles: int):
         self.plan = [ks[0], *(ks * cycles)]
