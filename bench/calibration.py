@@ -7,10 +7,13 @@
 ``num_draft_tokens="auto"`` chooses each round's k from a cost model measured once per engine
 (``SpeculativeEngine.calibrate``).  Near the optimum the expected tokens per second of neighbouring k
 differ by a few percent, so the timing noise of one calibration decides which of them ``auto`` drafts.
-This bench runs ``--calibrations`` calibrations back to back on the run's own prompts and reports:
+This bench runs ``--calibrations`` calibrations back to back on the run's own prompts and judges
+them at a cache ``--width`` (slots; the model adds each k's measured cost per slot of context to its
+empty-cache figure, ``CostModel.per_slot``).  It reports:
 
-- ``figures_ms``: per measured batch size and k, the round time of each calibration (ms), and its
-  coefficient of variation across them (``cv``);
+- ``figures_ms``: per measured batch size and k, the round time at that width of each calibration (ms),
+  and its coefficient of variation across them (``cv``); ``per_slot_us``, the same for the seconds a
+  slot of context adds (microseconds; ``cv`` left out where the mean is 0);
 - ``choices``: for each flat per-position acceptance rate a in ``--acceptance`` (every draft position
   accepted with probability a given the ones before it: E[tokens | k] = 1 + a + ... + a^k) and each live
   batch in ``--batches``, the k each calibration's model chooses, and ``regret``: how much slower that
@@ -40,42 +43,59 @@ from marsrl.tinyworld.build import heldout_problems
 from marsrl.tinyworld.tokenizer import chat_prompt_ids
 
 
-def rates(model: CostModel, rows: int, k_max: int, a: float) -> list[float]:
-    """Expected tokens per second of a round at each k = 0 .. k_max under a flat acceptance a."""
-    seconds = model.round_seconds_upto(rows, k_max)
+def rates(model: CostModel, rows: int, k_max: int, a: float, width: int = 0) -> list[float]:
+    """Expected tokens per second of a round at each k = 0 .. k_max under a flat acceptance a, over a
+    cache ``width`` slots wide."""
+    seconds = model.round_seconds_upto(rows, k_max, width)
     return [rows * sum(a**j for j in range(k + 1)) / seconds[k] for k in range(k_max + 1)]
 
 
 def mean_model(models: list[CostModel]) -> CostModel:
     """The figure-by-figure mean of models measured on one grid."""
-    grid = models[0].rounds
-    return CostModel(
-        rounds={
-            r: {k: statistics.fmean(m.rounds[r][k] for m in models) for k in ks} for r, ks in grid.items()
+
+    def mean(table: str) -> dict[int, dict[int, float]]:
+        grid = getattr(models[0], table)
+        return {
+            r: {k: statistics.fmean(getattr(m, table)[r][k] for m in models) for k in ks}
+            for r, ks in grid.items()
         }
-    )
+
+    return CostModel(rounds=mean("rounds"), per_slot=mean("per_slot"))
 
 
-def summarise(models: list[CostModel], batches: list[int], k_max: int, acceptance: list[float]) -> dict:
-    """``figures_ms`` and ``choices`` (see the module's docstring) of calibrations on one grid."""
+def _spread(values: list[float]) -> dict:
+    mean = statistics.fmean(values)
+    out: dict = {"values": [round(v, 2) for v in values]}
+    if mean > 0:
+        out["cv"] = round(statistics.pstdev(values) / mean, 4)
+    return out
+
+
+def summarise(
+    models: list[CostModel], batches: list[int], k_max: int, acceptance: list[float], width: int = 0
+) -> dict:
+    """``figures_ms``, ``per_slot_us`` and ``choices`` (see the module's docstring) of calibrations on
+    one grid, judged at a cache ``width`` slots wide."""
     grid = sorted(models[0].rounds)
-    figures = {}
+    figures, slots = {}, {}
     for r in grid:
-        figures[str(r)] = {}
+        figures[str(r)], slots[str(r)] = {}, {}
         for k in sorted(models[0].rounds[r]):
-            ms = [1e3 * m.rounds[r][k] for m in models]
+            ms = [1e3 * m.round_seconds(r, k, width) for m in models]
             cv = statistics.pstdev(ms) / statistics.fmean(ms) if len(ms) > 1 else 0.0
             figures[str(r)][str(k)] = {"ms": [round(t, 2) for t in ms], "cv": round(cv, 4)}
+            if models[0].per_slot:
+                slots[str(r)][str(k)] = _spread([1e6 * m.slot_seconds(r, k) for m in models])
     truth = mean_model(models)
     choices = {}
     for a in acceptance:
         choices[str(a)] = {}
         for rows in batches:
-            true = rates(truth, rows, k_max, a)
+            true = rates(truth, rows, k_max, a, width)
             best = max(range(k_max + 1), key=lambda k: (true[k], -k))
             picked = []
             for m in models:
-                own = rates(m, rows, k_max, a)
+                own = rates(m, rows, k_max, a, width)
                 picked.append(max(range(k_max + 1), key=lambda k, own=own: (own[k], -k)))
             regret = [1 - true[k] / true[best] for k in picked]
             choices[str(a)][str(rows)] = {
@@ -84,7 +104,7 @@ def summarise(models: list[CostModel], batches: list[int], k_max: int, acceptanc
                 "counts": dict(sorted(Counter(map(str, picked)).items())),
                 "regret": {"mean": round(statistics.fmean(regret), 4), "max": round(max(regret), 4)},
             }
-    return {"figures_ms": figures, "choices": choices}
+    return {"width": width, "figures_ms": figures, "per_slot_us": slots, "choices": choices}
 
 
 def main(argv=None) -> dict:
@@ -98,10 +118,18 @@ def main(argv=None) -> dict:
         "--acceptance", type=float, nargs="+", default=[0.8, 0.85, 0.9], help="flat per-position rates"
     )
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128], help="live batches to judge")
+    ap.add_argument(
+        "--width",
+        type=int,
+        default=160,
+        help="cache width (slots) to judge the models at (160: about the middle of a tiny-world call)",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     args = ap.parse_args(argv)
     if args.calibrations < 2:
         ap.error("--calibrations: at least 2 to compare")
+    if args.width < 0:
+        ap.error("--width: a cache width is a number of slots >= 0")
     if not all(0 < a < 1 for a in args.acceptance):
         ap.error("--acceptance: rates must lie in (0, 1)")
     torch.set_num_threads(args.threads)
@@ -128,7 +156,7 @@ def main(argv=None) -> dict:
         "max_draft_tokens": k_max,
         "threads": args.threads,
         "seconds": seconds,
-        **summarise(models, args.batches, k_max, args.acceptance),
+        **summarise(models, args.batches, k_max, args.acceptance, args.width),
     }
     print(json.dumps(out, indent=1))
     return out

@@ -299,6 +299,16 @@ def test_calibration_bench_judges_each_choice_by_the_mean_model():
     assert pick["regret"]["mean"] == pytest.approx((1 - 1.09375 / 1.25) / 2, abs=1e-4)
     fig = out["figures_ms"]["1"]["2"]
     assert fig["ms"] == [1300.0, 1900.0] and fig["cv"] == pytest.approx(0.3 / 1.6, abs=1e-4)
+    assert out["per_slot_us"] == {"1": {}} and out["width"] == 0
+    # judged at 100 slots, 1 ms a slot for k = 2 alone makes it dearer: (1, 1.2, 1.3 + 0.1) at a = 0.9
+    # rates k = 2 at 2.71 / 1.4 = 1.936 and k = 1 at 1.9 / 1.2 = 1.583, but (1, 1.2, 1.3 + 1.0) at 1000
+    three = CostModel(rounds=one.rounds, per_slot={1: {0: 0.0, 1: 0.0, 2: 0.001}})
+    near = summarise([three, three], batches=[1], k_max=2, acceptance=[0.9], width=100)
+    far = summarise([three, three], batches=[1], k_max=2, acceptance=[0.9], width=1000)
+    assert near["choices"]["0.9"]["1"]["chosen"] == [2, 2] and far["choices"]["0.9"]["1"]["chosen"] == [1, 1]
+    assert near["figures_ms"]["1"]["2"]["ms"] == [1400.0, 1400.0]
+    assert near["per_slot_us"]["1"]["2"] == {"values": [1000.0, 1000.0], "cv": 0.0}
+    assert "cv" not in near["per_slot_us"]["1"]["0"]
 
 
 def test_calibration_bench_on_micro(micro_world, capsys):
@@ -306,6 +316,8 @@ def test_calibration_bench_on_micro(micro_world, capsys):
     args = ["--world", str(micro_world), "--preset", "micro", "--max-batch", "8", "--calibrations", "2"]
     out = bench.main([*args, "--max-draft-tokens", "2", "--batches", "1", "8", "--acceptance", "0.6"])
     assert len(out["seconds"]) == 2 and set(out["figures_ms"]) == {"1", "4", "8"}
+    assert set(out["per_slot_us"]) == {"1", "4", "8"} and out["width"] == 160
+    assert all(v >= 0 for ks in out["per_slot_us"].values() for f in ks.values() for v in f["values"])
     assert all(len(f["ms"]) == 2 and f["cv"] >= 0 for ks in out["figures_ms"].values() for f in ks.values())
     for rows in ("1", "8"):
         pick = out["choices"]["0.6"][rows]

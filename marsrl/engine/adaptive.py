@@ -1,19 +1,23 @@
 """Adaptive speculation (``EngineConfig(num_draft_tokens="auto", max_draft_tokens=K)``): each round the
 engine drafts the k in {0, ..., K} that maximises expected tokens per second for the live batch,
 
-    k* = argmax_k  rows * E[tokens | k] / t_round(rows, k)
+    k* = argmax_k  rows * E[tokens | k] / t_round(rows, k, width)
 
     E[tokens | k] = 1 + sum_{j=1..k} prod_{i<=j} a_i        (a_i: P(draft i accepted | drafts < i were))
 
 k = 0 is a plain step (one target forward, no drafter).  t_round comes from a ``CostModel`` measured on
 the engine's own models (``SpeculativeEngine.calibrate``: whole rounds timed at each k over a grid of
 live batch sizes, so drafting, verification and the host's bookkeeping are all in it), once per engine,
-then refined by every call's measured rounds; the a_i are running estimates from the rounds of the
-current ``generate`` call (``AcceptanceEstimates``), started from the engine's earlier calls, scaled
-down to a few dozen rounds.  Both carry-overs are off with ``EngineConfig(adapt_costs=False)``: the
-choice is then a pure function of the cost model, the call's own outcomes and its seed, and the same
-engine reproduces the same K sequence.  Exactness does not depend on k: every round is verified by the
-same rule, and a chain of any length (0 included) is lossless under strict.
+then refined by every call's measured rounds.  It is taken at the round's context: every round reads
+each live row's cached keys and values once, whatever its k, so its time grows with the cache's width
+(the shared time axis, in slots) by the same seconds per slot for every k (``context_slope``).  A plain
+step therefore costs more, relative to a speculative round, the longer the sequences are, and the k
+worth drafting grows along a call.  The a_i are running estimates from the rounds of the current
+``generate`` call (``AcceptanceEstimates``), started from the engine's earlier calls, scaled down to a
+few dozen rounds.  Both carry-overs are off with ``EngineConfig(adapt_costs=False)``: the choice is
+then a pure function of the cost model, the call's own outcomes and its seed, and the same engine
+reproduces the same K sequence.  Exactness does not depend on k: every round is verified by the same
+rule, and a chain of any length (0 included) is lossless under strict.
 
 Exploration: a run of plain steps learns nothing about acceptance, so after ``probe_every`` plain rounds
 in a row the engine drafts once at the best k >= 1; each probe that still loses to plain doubles the wait.
@@ -26,6 +30,7 @@ Left out: per-row k (the target forward's width is the batch's largest k anyway)
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -55,26 +60,63 @@ def lower_quartile(values: list[float]) -> float:
     return sorted(values)[(len(values) - 1) // 4]
 
 
+def context_slope(groups: list[list[tuple[int, float]]]) -> float:
+    """Seconds a round gains per slot of cache width: the median of the slopes between every two rounds
+    of a group (one k within one run: ``(width, seconds)`` each) at different widths, never below 0.
+
+    Pairs are only taken within a group, so neither the k's different costs nor a run's level (a
+    shared machine's slow spell lasts seconds) reads as a slope, and the median (Theil-Sen) lets a
+    minority of slow rounds pass without tilting it."""
+    slopes = []
+    for points in groups:
+        for (w0, t0), (w1, t1) in itertools.combinations(points, 2):
+            if w0 != w1:
+                slopes.append((t1 - t0) / (w1 - w0))
+    return max(statistics.median(slopes), 0.0) if slopes else 0.0
+
+
+def _shaped(figures: dict[int, float], k_max: int) -> list[float]:
+    """Per-k figures at one batch size as the model reads them, for k = 0 .. k_max: the plain step's own
+    figure at k = 0, and a line in k through the k >= 1 figures (``_line``) never below it."""
+    plain = figures.get(0)
+    ks = sorted(j for j in figures if j > 0)
+    if not ks:  # only plain steps measured here
+        return [plain] * (k_max + 1)
+    a, b = _line(ks, [figures[j] for j in ks])
+    floor = plain if plain is not None else 0.0
+    return [plain if k == 0 and plain is not None else max(a + b * k, floor) for k in range(k_max + 1)]
+
+
 @dataclass
 class CostModel:
     """Measured seconds of one whole round (draft, target forward, verification, commit, record) for
-    ``rows`` live rows drafting k tokens: ``rounds[rows][k]``, k = 0 a plain step.  Per measured batch
-    size the model is the plain step's own figure at k = 0 and a line in k through the k >= 1 figures
-    (least squares, slope >= 0, never below the plain step): a speculative round pays the drafter's
-    absorb and a wider forward even at k = 1, a step a line through k = 0 would smear over every k.
-    Interpolated linearly between sizes.
+    ``rows`` live rows drafting k tokens (k = 0 a plain step) over a cache ``width`` slots wide (the
+    shared time axis every row's attention reads):
 
-    Each figure is the lower quartile of the runs behind it (``runs[rows][k]``: one figure a run, the
-    median of its rounds; the last ``keep``): the calibration's runs, then one for every ``generate``
-    call that drafted k at about that size.  Noise on a shared machine only ever adds time, so a low
-    quantile is the steady cost; and since a figure's statistic is the same however many runs it has
-    seen, the k the planner keeps choosing is judged as the k's it has left are (a running mean of
-    every round would hold the chosen k to its noisy rounds and the others to their calibrated best,
-    and push the choice away from whatever it had chosen).  A figure given without runs counts as
-    ``seed_runs`` runs of itself."""
+        t(rows, k, width) = rounds[rows][k] + per_slot[rows][k] * width
+
+    ``rounds[rows][k]``: the round at an empty cache (measured rounds with their context taken off);
+    ``per_slot[rows][k]``: the seconds each slot of context adds (``context_slope``; none measured
+    means 0, and the model is the same at every width).  The context's cost grows with k as well: the
+    target's attention scores k + 1 queries against every slot, and the drafter reads its own cache
+    once per draft step.  Both tables are read the same way: per measured batch size, the plain step's
+    own figure at k = 0 and a line in k through the k >= 1 figures (least squares, slope >= 0, never
+    below the plain step; ``_shaped``): a speculative round pays the drafter's absorb and a wider
+    forward even at k = 1, a step a line through k = 0 would smear over every k.  Interpolated
+    linearly between sizes.
+
+    Each ``rounds`` figure is the lower quartile of the runs behind it (``runs[rows][k]``: one figure a
+    run, the median of its rounds; the last ``keep``): the calibration's runs, then one for every
+    ``generate`` call that drafted k at about that size.  Noise on a shared machine only ever adds
+    time, so a low quantile is the steady cost; and since a figure's statistic is the same however many
+    runs it has seen, the k the planner keeps choosing is judged as the k's it has left are (a running
+    mean of every round would hold the chosen k to its noisy rounds and the others to their calibrated
+    best, and push the choice away from whatever it had chosen).  A figure given without runs counts as
+    ``seed_runs`` runs of itself.  ``per_slot`` is the calibration's alone."""
 
     rounds: dict[int, dict[int, float]] = field(default_factory=dict)
     runs: dict[int, dict[int, list[float]]] = field(default_factory=dict)
+    per_slot: dict[int, dict[int, float]] = field(default_factory=dict)
     keep: int = 32
     seed_runs: int = 3
 
@@ -88,57 +130,71 @@ class CostModel:
         figures[k] = lower_quartile(runs[k])
 
     def observe(self, trace: list) -> None:
-        """Fold a call's measured rounds ([start, live rows, k, seconds] each) into the figures: a round
-        with L live rows counts at the measured batch size nearest to L (in log scale), rescaled by the
-        model's ratio between the two sizes; the rounds of one (size, k) make one run, their median."""
+        """Fold a call's measured rounds ([start, live rows, k, seconds, width] each) into the figures:
+        a round's context (``slot_seconds``) is taken off, and a round with L live rows counts at the
+        measured batch size nearest to L (in log scale), rescaled by the model's ratio between the two
+        sizes; the rounds of one (size, k) make one run, their median.  An entry without a width (an
+        older trace) counts as width 0."""
         grid = sorted(self.rounds)
         if not grid:
             return
         groups: dict[tuple[int, int], list[float]] = {}
-        for _, live, k, seconds in trace:
+        for entry in trace:
+            _, live, k, seconds = entry[:4]
             if live < 1 or k not in self.rounds[grid[0]]:
                 continue
+            width = entry[4] if len(entry) > 4 else 0
             r = min(grid, key=lambda g: abs(math.log(g / live)))
-            scaled = seconds * self.round_seconds(r, k) / self.round_seconds(live, k)
+            empty = seconds - self.slot_seconds(live, k) * width
+            scaled = empty * self.round_seconds(r, k) / self.round_seconds(live, k)
             groups.setdefault((r, k), []).append(scaled)
         for (r, k), seconds in groups.items():
             self.add_run(r, k, statistics.median(seconds))
 
-    def round_seconds(self, rows: int, k: int) -> float:
-        return self.round_seconds_upto(rows, k)[k]
+    def slot_seconds(self, rows: int, k: int) -> float:
+        return self.slot_seconds_upto(rows, k)[k]
 
-    def round_seconds_upto(self, rows: int, k_max: int) -> list[float]:
-        """``round_seconds(rows, k)`` for k = 0 .. k_max, with one line fit per measured batch size (the
-        planner asks for every k each round)."""
+    def slot_seconds_upto(self, rows: int, k_max: int) -> list[float]:
+        """Seconds one slot of cache width adds to a round of ``rows`` live rows, for k = 0 .. k_max."""
+        grid = sorted(self.per_slot)
+        if not grid:
+            return [0.0] * (k_max + 1)
+        at = [_shaped(self.per_slot[r], k_max) for r in grid]
+        return [max(_interp(grid, [row[k] for row in at], rows), 0.0) for k in range(k_max + 1)]
+
+    def round_seconds(self, rows: int, k: int, width: int = 0) -> float:
+        return self.round_seconds_upto(rows, k, width)[k]
+
+    def round_seconds_upto(self, rows: int, k_max: int, width: int = 0) -> list[float]:
+        """``round_seconds(rows, k, width)`` for k = 0 .. k_max, with one line fit per measured batch
+        size and table (the planner asks for every k each round)."""
         grid = sorted(self.rounds)
-        at = [self._upto(r, k_max) for r in grid]
-        return [max(_interp(grid, [row[k] for row in at], rows), 1e-9) for k in range(k_max + 1)]
-
-    def _upto(self, r: int, k_max: int) -> list[float]:
-        """The model at a measured batch size r, for k = 0 .. k_max."""
-        figures = self.rounds[r]
-        plain = figures.get(0)
-        ks = sorted(j for j in figures if j > 0)
-        if not ks:  # only plain steps measured here
-            return [plain] * (k_max + 1)
-        a, b = _line(ks, [figures[j] for j in ks])
-        floor = plain if plain is not None else 0.0
-        return [plain if k == 0 and plain is not None else max(a + b * k, floor) for k in range(k_max + 1)]
+        at = [_shaped(self.rounds[r], k_max) for r in grid]
+        context = self.slot_seconds_upto(rows, k_max) if width else [0.0] * (k_max + 1)
+        return [
+            max(_interp(grid, [row[k] for row in at], rows) + context[k] * width, 1e-9)
+            for k in range(k_max + 1)
+        ]
 
     def to_dict(self) -> dict:
         return {
             "rounds": {str(r): {str(k): t for k, t in ks.items()} for r, ks in self.rounds.items()},
             "runs": {str(r): {str(k): list(v) for k, v in ks.items()} for r, ks in self.runs.items()},
+            "per_slot": {str(r): {str(k): c for k, c in ks.items()} for r, ks in self.per_slot.items()},
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
+        def table(t: dict) -> dict[int, dict[int, float]]:
+            return {int(r): {int(k): float(x) for k, x in ks.items()} for r, ks in t.items()}
+
         return cls(
-            rounds={int(r): {int(k): float(t) for k, t in ks.items()} for r, ks in d["rounds"].items()},
+            rounds=table(d["rounds"]),
             runs={
                 int(r): {int(k): [float(t) for t in v] for k, v in ks.items()}
                 for r, ks in d.get("runs", {}).items()
             },
+            per_slot=table(d.get("per_slot", {})),
         )
 
 
@@ -207,17 +263,19 @@ class KPlanner:
         self.plain_run = 0
         self.wait = probe_every
 
-    def rate(self, rows: int, k: int) -> float:
-        """Expected tokens per second of a round with k drafts for ``rows`` live rows."""
-        return rows * self.estimates.expected_tokens(k) / self.costs.round_seconds(rows, k)
+    def rate(self, rows: int, k: int, width: int = 0) -> float:
+        """Expected tokens per second of a round with k drafts for ``rows`` live rows over a cache
+        ``width`` slots wide."""
+        return rows * self.estimates.expected_tokens(k) / self.costs.round_seconds(rows, k, width)
 
-    def choose(self, rows: int) -> int:
+    def choose(self, rows: int, width: int = 0) -> int:
+        """The round's k for ``rows`` live rows whose cache is ``width`` slots wide."""
         if self.first:  # nothing observed yet: learn the acceptance of every position once
             self.first = False
             return self.k_max
         tokens = self.estimates.expected_tokens_upto(self.k_max)
-        seconds = self.costs.round_seconds_upto(rows, self.k_max)
-        rates = [rows * n / t for n, t in zip(tokens, seconds, strict=True)]  # = self.rate(rows, k)
+        seconds = self.costs.round_seconds_upto(rows, self.k_max, width)
+        rates = [rows * n / t for n, t in zip(tokens, seconds, strict=True)]  # = self.rate(rows, k, width)
         best = max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
         if best > 0:
             self.plain_run = 0
@@ -243,7 +301,7 @@ class FixedK:
     def __init__(self, k: int):
         self.k = k
 
-    def choose(self, rows: int) -> int:
+    def choose(self, rows: int, width: int = 0) -> int:
         return self.k
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
@@ -262,7 +320,7 @@ class CycleK:
         self.i = 0
         self.exhausted = False
 
-    def choose(self, rows: int) -> int:
+    def choose(self, rows: int, width: int = 0) -> int:
         k = self.plan[self.i]
         self.i += 1
         self.exhausted = self.i == len(self.plan)

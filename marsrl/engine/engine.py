@@ -37,7 +37,7 @@ import torch
 from ..trajectory import PER_TOKEN_FIELDS, Trajectory
 from ..verify import Provenance, sample_plain, verify_chain, verify_tree
 from ..verify.dist import sample_from_weights
-from .adaptive import CostModel, CycleK, FixedK, KPlanner
+from .adaptive import CostModel, CycleK, FixedK, KPlanner, context_slope
 from .attention import check_attention, target_attention
 from .cache import RaggedCache
 from .config import EngineConfig, SamplingParams
@@ -182,7 +182,7 @@ class SpeculativeEngine:
             host_syncs=0,
             cache_bytes_copied=0,
             k_per_round=[],
-            trace=[],  # per round: [start (s since the call began), live rows, k, wall seconds]
+            trace=[],  # per round: [start (s since the call began), live rows, k, wall seconds, cache width]
         )
         if self.config.profile:
             totals.update(time=dict.fromkeys(_PHASES, 0.0), forward_by_width={})
@@ -281,7 +281,8 @@ class SpeculativeEngine:
                 if self._eagle is not None:
                     self._eagle.select(keep, keep_host)
             rows = [r for _, r in active]
-            k = planner.choose(len(rows)) if planner is not None else None
+            context = tcache.width  # slots every row's attention reads this round
+            k = planner.choose(len(rows), context) if planner is not None else None
             round_start = time.perf_counter()
             res, drafted, n_forwards, host = self._round(rows, last, tcache, sampling, gen, k)
             totals["target_forwards"] += 1
@@ -296,7 +297,7 @@ class SpeculativeEngine:
                 per_row = [drafted] * len(rows) if isinstance(drafted, int) else drafted
                 planner.observe(per_row, [n - 1 for n in host["num_emitted"]])
             totals["trace"].append(
-                [round_start - self._t0, len(rows), width, time.perf_counter() - round_start]
+                [round_start - self._t0, len(rows), width, time.perf_counter() - round_start, context]
             )
             if planner is not None and planner.exhausted:  # a calibration run has what it needs
                 break
@@ -429,6 +430,7 @@ class SpeculativeEngine:
         repeats: int = 3,
         prompts: Sequence[Sequence[int]] | None = None,
         cycles: int = 4,
+        span: int = 64,
     ):
         """Measure a ``CostModel`` on this engine's models: whole rounds drafting k = 0 .. K tokens for
         about each live batch size in ``rows`` (default 1, 4, 16, ... up to max_batch_size), as groups of
@@ -436,13 +438,16 @@ class SpeculativeEngine:
         ``generate`` call calibrates on its own, so context lengths and the drafter's acceptance, which
         sets how many pairs a round absorbs, are the workload's), else random ones of ``context`` tokens.
 
-        A run is one call whose rounds cycle through k = 0 .. K ``cycles`` times (``CycleK``; every row
-        live throughout, the first round left out); its figure for k is the median of its rounds at k,
-        and each k's figure is the lower quartile of its runs' (``CostModel.add_run``; the least of up to
-        four).  A round's time varies little within a run, but a shared machine slows whole seconds at
-        a time: with every k measured within the same second, such a spell moves all k's alike, and as
-        it only ever adds time the least run is the steady cost, the one that ranks the k's.  The runs
-        sweep k up and down in turn (a round absorbs what the round before it accepted).  On a GPU a
+        A run is one call whose rounds cycle through k = 0 .. K ``cycles`` times, or more to decode at
+        least ``span`` tokens a row (``CycleK``; every row live throughout, the first round left out).
+        The context grows along it, so each k's rounds give the seconds a slot of cache width adds to
+        it (``context_slope`` over its runs: ``CostModel.per_slot``); a run's figure for k is the median
+        of its rounds at k with their context taken off, and each k's figure is the lower quartile of
+        its runs' (``CostModel.add_run``; the least of up to four).  A round's time
+        varies little within a run, but a shared machine slows whole seconds at a time: with every k
+        measured within the same second, such a spell moves all k's alike, and as it only ever adds
+        time the least run is the steady cost, the one that ranks the k's.  The runs sweep k up and
+        down in turn (a round absorbs what the round before it accepted).  On a GPU a
         round already ends in the engine's one device -> host copy, so wall time per round is device
         time.  26-37 s on this project's 2-core CPU for the tiny world at max_batch_size 128 (2026-12-01,
         ``bench/calibration.py``)."""
@@ -453,6 +458,7 @@ class SpeculativeEngine:
         given = [list(p) for p in prompts] if prompts else None
         saved = self.stats
         ks = list(range(self._k_max + 1))
+        cycles = max(cycles, math.ceil(span / sum(k + 1 for k in ks)))
         new = cycles * sum(k + 1 for k in ks) + ks[-1] + 1  # no row can finish before the cycles end
         for want in rows:
             group = min(8, want)
@@ -463,15 +469,20 @@ class SpeculativeEngine:
                 batch = torch.randint(0, self.vocab_size, (n, context), generator=gen).tolist()
             r = n * group
             self._generate(batch, SamplingParams(max_new_tokens=2, n=group, ignore_eos=True), FixedK(0))
+            runs = []  # per run: {k: [(width, seconds), ...]}
             for rep in range(repeats):
                 sp = SamplingParams(max_new_tokens=new, n=group, ignore_eos=True, seed=rep)
                 self._generate(batch, sp, CycleK(ks if rep % 2 == 0 else ks[::-1], cycles))
-                times: dict[int, list[float]] = {}
-                for _, live, k, t in self._totals["trace"][1:]:
+                rounds: dict[int, list[tuple[int, float]]] = {}
+                for _, live, k, t, width in self._totals["trace"][1:]:
                     if live == r:
-                        times.setdefault(k, []).append(t)
-                for k, t in sorted(times.items()):
-                    costs.add_run(r, k, statistics.median(t))
+                        rounds.setdefault(k, []).append((width, t))
+                runs.append(rounds)
+            costs.per_slot[r] = {k: context_slope([run[k] for run in runs if k in run]) for k in ks}
+            slopes = costs.slot_seconds_upto(r, ks[-1])  # as the model reads them
+            for rounds in runs:
+                for k, points in sorted(rounds.items()):
+                    costs.add_run(r, k, statistics.median(t - slopes[k] * w for w, t in points))
         self.stats = saved
         return costs
 

@@ -2,6 +2,8 @@
 length, fp32 verify logits for bf16 targets, refused attention implementations, nothing kept after a
 batch, and adaptive speculation (exact, deterministic, K varying)."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -197,8 +199,15 @@ def test_calibrate_measures_every_batch_and_width(qwen):
     assert all(t > 0 for v in costs.rounds.values() for t in v.values())
     again = CostModel.from_dict(costs.to_dict())
     assert again.round_seconds(2, 2) == costs.round_seconds(2, 2)
-    # a longer chain never costs less in the model, whatever the noise of the measurement
-    assert all(costs.round_seconds(r, k) <= costs.round_seconds(r, k + 1) for r in (1, 4) for k in (0, 1))
+    # a longer chain never costs less in the model, whatever the noise of the measurement, nor does a
+    # longer context; every k has its context slope, measured over at least ``span`` tokens a row
+    for w in (0, 100):
+        assert all(
+            costs.round_seconds(r, k, w) <= costs.round_seconds(r, k + 1, w) for r in (1, 4) for k in (0, 1)
+        )
+    assert sorted(costs.per_slot) == [1, 4] and all(sorted(v) == [0, 1, 2] for v in costs.per_slot.values())
+    assert all(c >= 0 for v in costs.per_slot.values() for c in v.values())
+    assert all(costs.round_seconds(4, k, 100) >= costs.round_seconds(4, k) for k in range(3))
 
 
 def test_a_calibration_run_cycles_every_k_and_stops_when_the_plan_is_done(qwen):
@@ -208,11 +217,18 @@ def test_a_calibration_run_cycles_every_k_and_stops_when_the_plan_is_done(qwen):
         qwen, Eagle3Drafter.from_target(qwen), EngineConfig(num_draft_tokens="auto", max_draft_tokens=2)
     )
     sp = SamplingParams(max_new_tokens=40, n=2, ignore_eos=True)
-    out = eng._generate([[3, 4, 5]], sp, CycleK([2, 1, 0], cycles=2))
+    plan = CycleK([2, 1, 0], cycles=2)
+    widths = []
+    choose = plan.choose
+    plan.choose = lambda rows, width=0: widths.append(width) or choose(rows, width)
+    out = eng._generate([[3, 4, 5]], sp, plan)
     # a lead-in round, then two passes; the call ends there, before any row reaches max_new_tokens
     assert eng.stats["k_per_round"] == [2, 2, 1, 0, 2, 1, 0]
     assert all(len(t.completion_ids) < 40 for t in out)
-    assert [live for _, live, _, _ in eng.stats["trace"]] == [2] * 7
+    assert [live for _, live, *_ in eng.stats["trace"]] == [2] * 7
+    # each round is planned and traced at its cache width: the 3 prompt slots, then growing every round
+    traced = [width for *_, width in eng.stats["trace"]]
+    assert widths == traced and traced[0] == 3 and all(b > a for a, b in itertools.pairwise(traced))
 
 
 def test_planner_picks_plain_when_speculation_cannot_pay_and_k_when_it_does():
@@ -341,6 +357,77 @@ def test_calibration_figures_are_the_lower_quartile_of_their_runs():
     for t in (5.0, 6.0):
         costs.add_run(8, 2, t)
     assert costs.rounds[8][2] == 2.0  # the second of five
+
+
+def test_context_slope_is_the_median_slope_within_each_group():
+    from marsrl.engine.adaptive import context_slope
+
+    # two runs at 2 ms a slot, the second 50 ms slower throughout (a slow spell): the level is no slope
+    fast = [(w, 0.010 + 0.002 * w) for w in (10, 20, 30, 40)]
+    slow = [(w, 0.060 + 0.002 * w) for w in (10, 20, 30)]
+    assert context_slope([fast, slow]) == pytest.approx(0.002)
+    # one slow round among them tilts a least-squares fit, not the median of the 9 pairwise slopes
+    assert context_slope([[*fast[:3], (40, 0.5)], slow]) == pytest.approx(0.002)
+    # pairs across groups are never taken: a run at 10 and 20 slots and a slower one at 30 and 40, pooled
+    # as one group, read the slower run's level as 4.1 ms a slot
+    early = [(w, 0.010 + 0.002 * w) for w in (10, 20)]
+    late = [(w, 0.060 + 0.002 * w) for w in (30, 40)]
+    assert context_slope([early, late]) == pytest.approx(0.002)
+    assert context_slope([early + late]) == pytest.approx((0.11 / 30 + 0.09 / 20) / 2)
+    # time falling with width (noise) reads as no slope; no two widths apart, no slope either
+    assert context_slope([[(10, 0.05), (20, 0.04)]]) == 0.0
+    assert context_slope([[(10, 0.05), (10, 0.04)], []]) == 0.0
+
+
+def test_cost_model_adds_each_slot_of_context_per_k():
+    costs = CostModel(
+        rounds={1: {0: 1.0, 1: 2.0, 2: 3.0}, 4: {0: 2.0, 1: 4.0, 2: 6.0}},
+        per_slot={1: {0: 0.01, 1: 0.02, 2: 0.04}, 4: {0: 0.03, 1: 0.05, 2: 0.05}},
+    )
+    # k = 0 its own figure, k >= 1 on the line through theirs, interpolated between batch sizes
+    assert costs.slot_seconds_upto(1, 2) == pytest.approx([0.01, 0.02, 0.04])
+    assert costs.slot_seconds_upto(2, 3) == pytest.approx(
+        [0.02 / 3 + 0.01, 0.03, 0.04 + 0.01 / 3, 0.06 - 0.01 / 3]
+    )
+    assert costs.round_seconds(1, 2, width=100) == pytest.approx(3.0 + 4.0)
+    assert costs.round_seconds(4, 0, width=50) == pytest.approx(2.0 + 1.5)
+    assert costs.round_seconds(4, 1) == 4.0  # at width 0, the empty-cache figures alone
+    again = CostModel.from_dict(costs.to_dict())
+    assert again.per_slot == costs.per_slot and again.round_seconds(3, 2, 70) == costs.round_seconds(3, 2, 70)
+    # a model without per_slot (an older dict) is the same at every width
+    old = CostModel.from_dict({"rounds": {"1": {"0": 1.0, "1": 2.0}}})
+    assert old.round_seconds(1, 1, width=10**6) == 2.0
+
+
+def test_planner_drafts_longer_as_the_context_grows():
+    """A round drafting k costs 1 + k s at an empty cache, each slot of context adding 2 ms to any k; the
+    acceptance down the chain is 3/4, 2/3 and 1 (E[tokens | 3] = 2.75): at 0 slots plain (1 token/s)
+    beats k = 3 (2.75 / 4), at 5000 slots (10 s more for every k) k = 3 wins."""
+    from marsrl.engine.adaptive import AcceptanceEstimates, KPlanner
+
+    costs = CostModel(
+        rounds={1: {k: 1.0 + k for k in range(4)}}, per_slot={1: dict.fromkeys(range(4), 0.002)}
+    )
+    est = AcceptanceEstimates(3, pool=0.0)
+    for _ in range(100):
+        est.update(3, 0)
+        est.update(3, 1)
+        est.update(3, 3)
+        est.update(3, 3)
+    planner = KPlanner(costs, 3, probe_every=10**9, estimates=est)
+    assert [round(est.rate(j), 3) for j in range(3)] == [0.75, 0.667, 1.0]
+    assert est.expected_tokens_upto(3) == pytest.approx([1.0, 1.75, 2.25, 2.75])
+    assert planner.choose(1, width=0) == 0
+    assert planner.choose(1, width=5000) == 3
+    assert planner.rate(1, 3, 5000) == pytest.approx(2.75 / 14)
+
+
+def test_observed_rounds_have_their_context_taken_off():
+    costs = CostModel(rounds={4: {0: 2.0, 1: 3.0}}, per_slot={4: {0: 0.01, 1: 0.02}})
+    # k = 1 rounds at 100 and at 300 slots, both 1 s above the model: one run of 4 s at an empty cache
+    costs.observe([[0.0, 4, 1, 3.0 + 2.0 + 1.0, 100], [0.1, 4, 1, 3.0 + 6.0 + 1.0, 300], [0.2, 4, 0, 3.0]])
+    assert costs.runs[4][1][-1] == pytest.approx(4.0)
+    assert costs.runs[4][0][-1] == pytest.approx(3.0)  # an entry without a width counts at 0 slots
 
 
 def test_plain_steps_without_padding_skip_the_mask_and_match_the_masked_path(qwen, monkeypatch):
