@@ -19,10 +19,12 @@ then a pure function of the cost model, the call's own outcomes and its seed, an
 reproduces the same K sequence.  Exactness does not depend on k: every round is verified by the same
 rule, and a chain of any length (0 included) is lossless under strict.
 
-Exploration: a run of plain steps learns nothing about acceptance, so after ``probe_every`` plain rounds
-in a row the engine drafts once at the best k >= 1; each probe that still loses to plain doubles the wait.
-Positions beyond the chosen k are not explored otherwise: their estimates stay where the last rounds that
-reached them (or the pooled rate) left them, so a pessimistic start can keep a shorter k than the best.
+Exploration: a round learns nothing about the positions past its k.  So after ``probe_every`` plain rounds
+in a row the engine drafts once at the best k >= 1 (each probe that still loses to plain doubles the
+wait), and every ``explore_every``-th speculative round drafts one position past the best k (up to K).
+Without it a pessimistic early estimate of a deep position is never revised and a shorter k than the
+best is kept for good; with it each deeper position is re-measured every few dozen rounds, for the
+price of one round in ``explore_every`` at a k next to the best.
 
 Left out: per-row k (the target forward's width is the batch's largest k anyway), trees.
 """
@@ -254,7 +256,12 @@ class KPlanner:
     exhausted = False  # every planner has it; only ``CycleK`` ever ends a call early
 
     def __init__(
-        self, costs: CostModel, k_max: int, probe_every: int = 8, estimates: AcceptanceEstimates | None = None
+        self,
+        costs: CostModel,
+        k_max: int,
+        probe_every: int = 8,
+        estimates: AcceptanceEstimates | None = None,
+        explore_every: int = 16,
     ):
         self.costs = costs
         self.k_max = k_max
@@ -262,6 +269,8 @@ class KPlanner:
         self.first = not self.estimates.observed
         self.plain_run = 0
         self.wait = probe_every
+        self.explore_every = explore_every
+        self.speculative = 0  # speculative rounds chosen so far
 
     def rate(self, rows: int, k: int, width: int = 0) -> float:
         """Expected tokens per second of a round with k drafts for ``rows`` live rows over a cache
@@ -279,6 +288,9 @@ class KPlanner:
         best = max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
         if best > 0:
             self.plain_run = 0
+            self.speculative += 1
+            if best < self.k_max and self.speculative % self.explore_every == 0:
+                return best + 1  # re-measure the position past the best k
             return best
         self.plain_run += 1
         if self.plain_run >= self.wait:  # probe: re-measure acceptance at the best speculative k

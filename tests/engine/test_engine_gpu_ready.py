@@ -422,6 +422,34 @@ def test_planner_drafts_longer_as_the_context_grows():
     assert planner.rate(1, 3, 5000) == pytest.approx(2.75 / 14)
 
 
+def test_planner_re_measures_the_position_past_its_k():
+    """Rounds cost 1 + 0.1 k; every draft is accepted in truth, but the carried estimates say position 3
+    was reached 12 times and never accepted, so k = 2 looks best.  Without exploration position 3 is
+    never reached again and k = 2 stays; with it every 16th speculative round drafts 3, and once those
+    rounds outweigh the bad start the planner drafts 3."""
+    from marsrl.engine.adaptive import AcceptanceEstimates, KPlanner
+
+    costs = CostModel(rounds={1: {k: 1.0 + 0.1 * k for k in range(4)}})
+    runs = {}
+    for explore in (16, 10**9):
+        est = AcceptanceEstimates(3)
+        for _ in range(12):
+            est.update(3, 2)  # positions 1 and 2 accepted, 3 reached and rejected
+        planner = KPlanner(costs, 3, estimates=est, explore_every=explore)
+        ks = []
+        for _ in range(200):
+            k = planner.choose(1)
+            planner.observe([k], [k])  # the truth: every draft accepted
+            ks.append(k)
+        runs[explore] = ks
+    assert runs[10**9] == [2] * 200
+    explored = runs[16]
+    assert explored[:15] == [2] * 15 and explored[15] == 3  # the 16th speculative round explores
+    switch = explored.index(3, 16) if 3 in explored[16:] else None
+    assert switch is not None and explored[switch:] == [3] * (200 - switch), explored
+    assert switch < 200 - 50  # within a few explorations
+
+
 def test_observed_rounds_have_their_context_taken_off():
     costs = CostModel(rounds={4: {0: 2.0, 1: 3.0}}, per_slot={4: {0: 0.01, 1: 0.02}})
     # k = 1 rounds at 100 and at 300 slots, both 1 s above the model: one run of 4 s at an empty cache
