@@ -440,17 +440,19 @@ class SpeculativeEngine:
 
         A run is one call whose rounds cycle through k = 0 .. K ``cycles`` times, or more to decode at
         least ``span`` tokens a row (``CycleK``; every row live throughout, the first round left out).
-        The context grows along it, so each k's rounds give the seconds a slot of cache width adds to
-        it (``context_slope`` over its runs: ``CostModel.per_slot``); a run's figure for k is the median
-        of its rounds at k with their context taken off, and each k's figure is the lower quartile of
-        its runs' (``CostModel.add_run``; the least of up to four).  A round's time
-        varies little within a run, but a shared machine slows whole seconds at a time: with every k
-        measured within the same second, such a spell moves all k's alike, and as it only ever adds
-        time the least run is the steady cost, the one that ranks the k's.  The runs sweep k up and
-        down in turn (a round absorbs what the round before it accepted).  On a GPU a
-        round already ends in the engine's one device -> host copy, so wall time per round is device
-        time.  26-37 s on this project's 2-core CPU for the tiny world at max_batch_size 128 (2026-12-01,
-        ``bench/calibration.py``)."""
+        The context grows along it, so the rounds give the seconds a slot of cache width adds
+        (``context_slope``, pairs within one k of one run: ``CostModel.per_slot``): one figure for the
+        plain step and one shared by every k >= 1, whose rounds all read the target's cache once, from
+        7 times the pairs a per-k figure would have (per-k slopes on this CPU scattered by more than
+        their differences); a run's figure for k is the median of its rounds at k with their context
+        taken off, and each k's figure is the lower quartile of
+        its runs' (``CostModel.add_run``; the least of up to four).  A round's time varies little
+        within a run, but a shared machine slows whole seconds at a time: with every k measured within
+        the same second, such a spell moves all k's alike, and as it only ever adds time the least run
+        is the steady cost, the one that ranks the k's.  The runs sweep k up and down in turn (a round
+        absorbs what the round before it accepted).  On a GPU a round already ends in the engine's one
+        device -> host copy, so wall time per round is device time.  26-37 s on this project's 2-core
+        CPU for the tiny world at max_batch_size 128 (2026-12-01, ``bench/calibration.py``)."""
         top = self.config.max_batch_size
         rows = sorted(set(rows or [*(4**i for i in range(8) if 4**i < top), top]))
         costs = CostModel()
@@ -478,7 +480,9 @@ class SpeculativeEngine:
                     if live == r:
                         rounds.setdefault(k, []).append((width, t))
                 runs.append(rounds)
-            costs.per_slot[r] = {k: context_slope([run[k] for run in runs if k in run]) for k in ks}
+            plain = context_slope([run[0] for run in runs if 0 in run])
+            drafting = context_slope([points for run in runs for k, points in run.items() if k > 0])
+            costs.per_slot[r] = {k: drafting if k else plain for k in ks}
             slopes = costs.slot_seconds_upto(r, ks[-1])  # as the model reads them
             for rounds in runs:
                 for k, points in sorted(rounds.items()):

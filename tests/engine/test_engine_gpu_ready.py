@@ -207,6 +207,7 @@ def test_calibrate_measures_every_batch_and_width(qwen):
         )
     assert sorted(costs.per_slot) == [1, 4] and all(sorted(v) == [0, 1, 2] for v in costs.per_slot.values())
     assert all(c >= 0 for v in costs.per_slot.values() for c in v.values())
+    assert all(v[1] == v[2] for v in costs.per_slot.values())  # one figure for every k >= 1
     assert all(costs.round_seconds(4, k, 100) >= costs.round_seconds(4, k) for k in range(3))
 
 
