@@ -451,8 +451,8 @@ class SpeculativeEngine:
         the same second, such a spell moves all k's alike, and as it only ever adds time the least run
         is the steady cost, the one that ranks the k's.  The runs sweep k up and down in turn (a round
         absorbs what the round before it accepted).  On a GPU a round already ends in the engine's one
-        device -> host copy, so wall time per round is device time.  26-37 s on this project's 2-core
-        CPU for the tiny world at max_batch_size 128 (2026-12-01, ``bench/calibration.py``)."""
+        device -> host copy, so wall time per round is device time.  26-41 s on this project's 2-core
+        CPU for the tiny world at max_batch_size 128 (2026-12-01/02, ``bench/calibration.py``)."""
         top = self.config.max_batch_size
         rows = sorted(set(rows or [*(4**i for i in range(8) if 4**i < top), top]))
         costs = CostModel()
