@@ -10,9 +10,10 @@ the engine's own models (``SpeculativeEngine.calibrate``: whole rounds timed at 
 live batch sizes, so drafting, verification and the host's bookkeeping are all in it), once per engine,
 then refined by every call's measured rounds.  It is taken at the round's context: every round reads
 each live row's cached keys and values once, whatever its k, so its time grows with the cache's width
-(the shared time axis, in slots) by the same seconds per slot for every k (``context_slope``).  A plain
-step therefore costs more, relative to a speculative round, the longer the sequences are, and the k
-worth drafting grows along a call.  The a_i are running estimates from the rounds of the current
+(the shared time axis, in slots) by an added cost per slot, measured once for the plain step and once
+for every k >= 1 (``context_slope``).  A plain step therefore costs more, relative to a speculative
+round, the longer the sequences are, and the k worth drafting grows along a call.
+The a_i are running estimates from the rounds of the current
 ``generate`` call (``AcceptanceEstimates``), started from the engine's earlier calls, scaled down to a
 few dozen rounds.  Both carry-overs are off with ``EngineConfig(adapt_costs=False)``: the choice is
 then a pure function of the cost model, the call's own outcomes and its seed, and the same engine
@@ -99,9 +100,11 @@ class CostModel:
 
     ``rounds[rows][k]``: the round at an empty cache (measured rounds with their context taken off);
     ``per_slot[rows][k]``: the seconds each slot of context adds (``context_slope``; none measured
-    means 0, and the model is the same at every width).  The context's cost grows with k as well: the
-    target's attention scores k + 1 queries against every slot, and the drafter reads its own cache
-    once per draft step.  Both tables are read the same way: per measured batch size, the plain step's
+    means 0, and the model is the same at every width).  The table may give every k its own figure
+    (the target scores k + 1 queries against every slot, the drafter reads its cache once per draft);
+    ``SpeculativeEngine.calibrate`` measures one for the plain step and one for every k >= 1, as
+    per-k slopes on this CPU scattered more than they differed.
+    Both tables are read the same way: per measured batch size, the plain step's
     own figure at k = 0 and a line in k through the k >= 1 figures (least squares, slope >= 0, never
     below the plain step; ``_shaped``): a speculative round pays the drafter's absorb and a wider
     forward even at k = 1, a step a line through k = 0 would smear over every k.  Interpolated
