@@ -200,7 +200,7 @@ def test_calibrate_measures_every_batch_and_width(qwen):
     again = CostModel.from_dict(costs.to_dict())
     assert again.round_seconds(2, 2) == costs.round_seconds(2, 2)
     # a longer chain never costs less in the model, whatever the noise of the measurement, nor does a
-    # longer context; every k has its context slope, measured over at least ``span`` tokens a row
+    # longer context; per-slot figures for plain and for k >= 1, measured over at least ``span`` tokens a row
     for w in (0, 100):
         assert all(
             costs.round_seconds(r, k, w) <= costs.round_seconds(r, k + 1, w) for r in (1, 4) for k in (0, 1)
