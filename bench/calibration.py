@@ -63,9 +63,10 @@ def mean_model(models: list[CostModel]) -> CostModel:
     return CostModel(rounds=mean("rounds"), per_slot=mean("per_slot"))
 
 
-def _spread(values: list[float]) -> dict:
+def _spread(values: list[float], key: str = "values") -> dict:
+    """{key: the values, cv: their coefficient of variation (left out where the mean is 0)}."""
     mean = statistics.fmean(values)
-    out: dict = {"values": [round(v, 2) for v in values]}
+    out: dict = {key: [round(v, 2) for v in values]}
     if mean > 0:
         out["cv"] = round(statistics.pstdev(values) / mean, 4)
     return out
@@ -81,9 +82,7 @@ def summarise(
     for r in grid:
         figures[str(r)], slots[str(r)] = {}, {}
         for k in sorted(models[0].rounds[r]):
-            ms = [1e3 * m.round_seconds(r, k, width) for m in models]
-            cv = statistics.pstdev(ms) / statistics.fmean(ms) if len(ms) > 1 else 0.0
-            figures[str(r)][str(k)] = {"ms": [round(t, 2) for t in ms], "cv": round(cv, 4)}
+            figures[str(r)][str(k)] = _spread([1e3 * m.round_seconds(r, k, width) for m in models], "ms")
             if models[0].per_slot:
                 slots[str(r)][str(k)] = _spread([1e6 * m.slot_seconds(r, k) for m in models])
     truth = mean_model(models)

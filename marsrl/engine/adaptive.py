@@ -12,13 +12,13 @@ then refined by every call's measured rounds.  It is taken at the round's contex
 each live row's cached keys and values once, whatever its k, so its time grows with the cache's width
 (the shared time axis, in slots) by an added cost per slot, measured once for the plain step and once
 for every k >= 1 (``context_slope``).  A plain step therefore costs more, relative to a speculative
-round, the longer the sequences are, and the k worth drafting grows along a call.
-The a_i are running estimates from the rounds of the current
-``generate`` call (``AcceptanceEstimates``), started from the engine's earlier calls, scaled down to a
-few dozen rounds.  Both carry-overs are off with ``EngineConfig(adapt_costs=False)``: the choice is
-then a pure function of the cost model, the call's own outcomes and its seed, and the same engine
-reproduces the same K sequence.  Exactness does not depend on k: every round is verified by the same
-rule, and a chain of any length (0 included) is lossless under strict.
+round, the longer the sequences are, and the k worth drafting grows along a call.  The a_i are running
+estimates from the rounds of the current ``generate`` call (``AcceptanceEstimates``), started from the
+engine's earlier calls, scaled down to a few dozen rounds.  Both carry-overs are off with
+``EngineConfig(adapt_costs=False)``: the choice is then a pure function of the cost model, the call's
+own outcomes and its seed, and the same engine reproduces the same K sequence.  Exactness does not
+depend on k: every round is verified by the same rule, and a chain of any length (0 included) is
+lossless under strict.
 
 Exploration: a round learns nothing about the positions past its k.  So after ``probe_every`` plain rounds
 in a row the engine drafts once at the best k >= 1 (each probe that still loses to plain doubles the
@@ -103,12 +103,11 @@ class CostModel:
     means 0, and the model is the same at every width).  The table may give every k its own figure
     (the target scores k + 1 queries against every slot, the drafter reads its cache once per draft);
     ``SpeculativeEngine.calibrate`` measures one for the plain step and one for every k >= 1, as
-    per-k slopes on this CPU scattered more than they differed.
-    Both tables are read the same way: per measured batch size, the plain step's
-    own figure at k = 0 and a line in k through the k >= 1 figures (least squares, slope >= 0, never
-    below the plain step; ``_shaped``): a speculative round pays the drafter's absorb and a wider
-    forward even at k = 1, a step a line through k = 0 would smear over every k.  Interpolated
-    linearly between sizes.
+    per-k slopes on this CPU scattered more than they differed.  Both tables are read the same way: per
+    measured batch size, the plain step's own figure at k = 0 and a line in k through the k >= 1
+    figures (least squares, slope >= 0, never below the plain step; ``_shaped``): a speculative round
+    pays the drafter's absorb and a wider forward even at k = 1, a step a line through k = 0 would
+    smear over every k.  Interpolated linearly between sizes.
 
     Each ``rounds`` figure is the lower quartile of the runs behind it (``runs[rows][k]``: one figure a
     run, the median of its rounds; the last ``keep``): the calibration's runs, then one for every
@@ -138,17 +137,14 @@ class CostModel:
         """Fold a call's measured rounds ([start, live rows, k, seconds, width] each) into the figures:
         a round's context (``slot_seconds``) is taken off, and a round with L live rows counts at the
         measured batch size nearest to L (in log scale), rescaled by the model's ratio between the two
-        sizes; the rounds of one (size, k) make one run, their median.  An entry without a width (an
-        older trace) counts as width 0."""
+        sizes; the rounds of one (size, k) make one run, their median."""
         grid = sorted(self.rounds)
         if not grid:
             return
         groups: dict[tuple[int, int], list[float]] = {}
-        for entry in trace:
-            _, live, k, seconds = entry[:4]
+        for _, live, k, seconds, width in trace:
             if live < 1 or k not in self.rounds[grid[0]]:
                 continue
-            width = entry[4] if len(entry) > 4 else 0
             r = min(grid, key=lambda g: abs(math.log(g / live)))
             empty = seconds - self.slot_seconds(live, k) * width
             scaled = empty * self.round_seconds(r, k) / self.round_seconds(live, k)
