@@ -9,6 +9,8 @@ marsrl's own modules and nothing else.
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 import time
 from collections import Counter
@@ -31,6 +33,37 @@ def spread(values: list[float], digits: int = 4) -> dict:
         "iqr": round(iqr, digits),
         "n": len(vals),
     }
+
+
+def ratio_of_sums(
+    num: list[tuple[float, float]],
+    den: list[tuple[float, float]],
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.9,
+) -> dict | None:
+    """Paired calls of two systems, ``(tokens, seconds)`` each, call i of both on the same prompts and
+    seed: the ratio of their tokens/s over all the calls (sum of tokens over sum of seconds, each side)
+    and a ``level`` bootstrap interval (the calls resampled as pairs with replacement, ``resamples``
+    times, from ``random.Random(seed)``; percentile bounds).  A long call weighs by its length, as in the
+    figure itself, and a slow spell that hit both calls of a pair stays paired.  None without pairs."""
+    pairs = [(a, b) for a, b in zip(num, den, strict=True) if a[1] > 0 and b[1] > 0]
+    if not pairs:
+        return None
+
+    def ratio(sample) -> float:
+        ta = sum(a[0] for a, _ in sample)
+        sa = sum(a[1] for a, _ in sample)
+        tb = sum(b[0] for _, b in sample)
+        sb = sum(b[1] for _, b in sample)
+        return (ta / sa) / (tb / sb) if tb else math.inf
+
+    rng = random.Random(seed)
+    boots = sorted(ratio(rng.choices(pairs, k=len(pairs))) for _ in range(resamples))
+    lo = boots[int((1 - level) / 2 * (resamples - 1))]
+    hi = boots[int((1 + level) / 2 * (resamples - 1))]
+    return {"value": round(ratio(pairs), 4), "ci": [round(lo, 4), round(hi, 4)], "level": level,
+            "n": len(pairs)}  # fmt: skip
 
 
 def timed(fn: Callable[[], int], min_seconds: float = 0.0) -> tuple[float, int, int]:

@@ -21,10 +21,22 @@ Engine calls run with ``profile=True`` where the engine has it: on the CPU its d
 a no-op, so profiling costs a few timer calls per round and the timed calls give the per-phase breakdown
 (``stats["time"]``, ``forward_by_width``) and the per-round trace that measures the tail: at the
 largest B, the wall time after 90% of the sequences have finished.  Stats an engine does not report
-are null.  "bars" holds the issue's acceptance bars, each as {value, bar, pass} (pass judges the ratio
-of medians) with ``paired``: the median and IQR of the per-call ratio of the two systems (``compute_bars``).
-"noise_floor" is the A/A control: a second, identical plain engine (``plain_control``) against plain,
-whose true ratio is 1 (``noise_floor``).  "cost_model" is the adaptive mode's model as calibrated and
+are null.
+
+After the sweep at each B comes a head-to-head (``--confirm-calls``; "confirm" in the B's results): plain,
+the A/A control, and each rule's auto and its best fixed system by the sweep's medians, interleaved call
+by call on prompts and seeds the sweep did not use, many more calls than a sweep's measurement.  On this
+machine one call of identical work moves by an IQR of 10-26% against its neighbour, so the sweep's 6
+calls a system cannot resolve a 3% bar, and the best fixed system is the largest of five noisy figures;
+the head-to-head measures the auto bars on fresh data, as the ratio of tokens/s over all its calls with
+a 90% bootstrap interval over the pairs (``ratio_of_sums``).
+
+"bars" holds the issue's acceptance bars, each as {value, bar, pass, judged_on}: ``value`` the ratio of
+the sweep's medians, ``paired`` the median and IQR of its per-call ratios, ``confirm`` the head-to-head's
+ratio where both systems ran there, and ``pass`` judges that one where present, else the sweep's
+(``compute_bars``).  "noise_floor" is the A/A control: a second, identical plain engine
+(``plain_control``) against plain, whose true ratio is 1, in the sweep and in the head-to-head
+(``noise_floor``).  "cost_model" is the adaptive mode's model as calibrated and
 after every auto call's rounds were folded in.
 
 Prints one JSON object on stdout; progress goes to stderr.  Reuses the world cached under
@@ -46,7 +58,7 @@ from pathlib import Path
 import torch
 
 sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
-from _common import breakdown, option_supported, per_round, spread, tail, timed
+from _common import breakdown, k_summary, option_supported, per_round, ratio_of_sums, spread, tail, timed
 from tinyworld import hf_sample
 
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, TreeConfig
@@ -89,6 +101,7 @@ def compute_bars(
     auto_ok: bool,
     speedup_batch: int = 128,
     calls: dict[str, dict[str, list[float]]] | None = None,
+    confirm: dict[str, dict[str, list[tuple[float, float]]]] | None = None,
 ) -> dict:
     """The issue's bars from median tokens/s: ``results`` maps "batch_B" to {system: tokens/s}.
 
@@ -102,9 +115,16 @@ def compute_bars(
     every system at one index}) adds ``paired`` to each bar: the median and IQR over the calls of the
     per-call ratio.  Both systems of a pair ran the same prompts and seed within one sweep of the
     systems, so a slow spell of the machine or a prompt's long completions move both: a tighter
-    estimate of the same ratio than two medians taken apart."""
+    estimate of the same ratio than two medians taken apart.
 
-    def bar(num, den, level, series=None, **extra):
+    ``confirm`` (same keys, {system: [(tokens, seconds) of each head-to-head call]}) adds ``confirm`` to
+    each bar whose two systems both ran there (``ratio_of_sums``: the ratio over every call, with its
+    90% bootstrap interval), and such a bar's ``pass`` judges that ratio; ``judged_on`` says which
+    ("confirm" or "sweep").  The head-to-head is fresh data on other prompts and seeds, so the best
+    fixed system, picked by the sweep's medians as the largest of several noisy figures, is not also
+    measured by the figure that picked it."""
+
+    def bar(num, den, level, series=None, confirmed=None, **extra):
         value = num / den if num is not None and den else None
         out = {
             "value": round(value, 4) if value is not None else None,
@@ -116,6 +136,11 @@ def compute_bars(
             a, b = series
             ratios = [x / y for x, y in zip(a, b, strict=True) if y] if a and b else []
             out["paired"] = spread(ratios) if ratios else None
+        if confirmed is not None:
+            out["confirm"] = confirmed
+            out["pass"] = confirmed["value"] >= level
+        if out["pass"] is not None:
+            out["judged_on"] = "confirm" if confirmed is not None else "sweep"
         return out
 
     out: dict = {}
@@ -127,6 +152,11 @@ def compute_bars(
         def pair(num: str, den: str | None, per=per):
             return None if per is None else (per.get(num), per.get(den) if den else None)
 
+        rec = (confirm or {}).get(batch, {})
+
+        def head_to_head(num: str, den: str | None, rec=rec):
+            return ratio_of_sums(rec[num], rec[den]) if num in rec and den in rec else None
+
         for rule in RULES:
             auto = rates.get(f"{rule}_auto") if auto_ok else None
             fixed = {"plain": plain} | {f"{rule}_k{k}": rates.get(f"{rule}_k{k}") for k in ks}
@@ -134,11 +164,12 @@ def compute_bars(
             best = max(fixed, key=fixed.get) if fixed else None
             name = f"{rule}_auto"
             row[f"{rule}_auto_vs_best_fixed"] = bar(
-                auto, fixed.get(best), AUTO_VS_BEST, pair(name, best), best=best
+                auto, fixed.get(best), AUTO_VS_BEST, pair(name, best), head_to_head(name, best), best=best
             )
-            row[f"{rule}_auto_vs_plain"] = bar(auto, plain, 1.0, pair(name, "plain"))
+            vs_plain = pair(name, "plain"), head_to_head(name, "plain")
+            row[f"{rule}_auto_vs_plain"] = bar(auto, plain, 1.0, *vs_plain)
             if batch == f"batch_{speedup_batch}":
-                row[f"{rule}_auto_speedup"] = bar(auto, plain, SPEEDUP_BARS[rule], pair(name, "plain"))
+                row[f"{rule}_auto_speedup"] = bar(auto, plain, SPEEDUP_BARS[rule], *vs_plain)
         shapes = [f"k{k}" for k in ks] + ["tree"] + (["auto"] if auto_ok else [])
         for shape in shapes:
             row[f"mars_vs_strict_{shape}"] = bar(
@@ -146,6 +177,7 @@ def compute_bars(
                 rates.get(f"strict_{shape}"),
                 1.0,
                 pair(f"mars_{shape}", f"strict_{shape}"),
+                head_to_head(f"mars_{shape}", f"strict_{shape}"),
             )
         out[batch] = row
     verdicts = {f"{batch}.{name}": b["pass"] for batch, row in out.items() for name, b in row.items()}
@@ -154,22 +186,45 @@ def compute_bars(
     return out
 
 
-def noise_floor(results: dict[str, dict], calls: dict[str, dict[str, list[float]]]) -> dict:
+def noise_floor(
+    results: dict[str, dict],
+    calls: dict[str, dict[str, list[float]]],
+    confirm: dict[str, dict[str, list[tuple[float, float]]]] | None = None,
+) -> dict:
     """The A/A control at each B: two identical plain engines, ``plain_control`` / ``plain``, as the
-    ratio of medians and paired per call (as a bar's).  Both run the same code on the same prompts and
-    seeds, so the true ratio is 1: how far it lands from 1 is how far this run's timing alone moves a
-    bar, and a bar that misses by less cannot be told from a pass by this run."""
+    ratio of medians and paired per call (as a bar's), and in the head-to-head as a bar's ``confirm``.
+    Both run the same code on the same prompts and seeds, so the true ratio is 1: how far it lands from
+    1 is how far this run's timing alone moves a bar, and a bar that misses by less cannot be told from
+    a pass by this run."""
     out = {}
     for batch, rates in results.items():
         a, b = rates.get("plain_control"), rates.get("plain")
         per = calls.get(batch, {})
         x, y = per.get("plain_control"), per.get("plain")
         ratios = [u / v for u, v in zip(x, y, strict=True) if v] if x and y else []
+        rec = (confirm or {}).get(batch, {})
         out[batch] = {
             "plain_control_vs_plain": round(a / b, 4) if a and b else None,
             "paired": spread(ratios) if ratios else None,
+            "confirm": ratio_of_sums(rec["plain_control"], rec["plain"]) if "plain_control" in rec else None,
         }
     return out
+
+
+def confirm_systems(rates: dict[str, float], ks: list[int], auto_ok: bool) -> list[str]:
+    """The head-to-head's systems at one B, from the sweep's median tokens/s: plain and its A/A control,
+    and for each rule its adaptive mode and the best of plain and its fixed K (the systems of the
+    auto bars and of mars >= strict for auto).  Empty without the adaptive mode."""
+    if not auto_ok:
+        return []
+    names = ["plain", "plain_control"]
+    for rule in RULES:
+        fixed = [n for n in (f"{rule}_k{k}" for k in ks) if rates.get(n) is not None]
+        best = max(fixed, key=rates.get, default=None)
+        if best is not None and rates[best] > rates["plain"]:
+            names.append(best)
+        names.append(f"{rule}_auto")
+    return names
 
 
 def main(argv=None) -> dict:
@@ -192,6 +247,20 @@ def main(argv=None) -> dict:
         "reach this, 2 to 16 (--quick: 1): 16 calls of one prompt at B = 1, two at B = 128 "
         "(one prompt's 128 tokens at B = 1 is a handful of rounds: its sampling noise would decide the "
         "comparison)",
+    )
+    ap.add_argument(
+        "--confirm-calls",
+        type=int,
+        default=None,
+        help="head-to-head calls at each B after the sweep (0: none; default: enough for "
+        "--confirm-tokens, 8 to 48; --quick: 1): plain, its A/A control, each rule's auto and its best "
+        "fixed system by the sweep, interleaved call by call on fresh prompts; the auto bars judge it",
+    )
+    ap.add_argument(
+        "--confirm-tokens",
+        type=int,
+        default=65536,
+        help="where --confirm-calls is not given, B x new tokens x calls reaches this",
     )
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 3, 5, 7], help="fixed chain lengths")
     ap.add_argument("--tree", type=int, nargs=3, default=[4, 5, 24], metavar=("TOP_K", "DEPTH", "TOTAL"))
@@ -231,7 +300,14 @@ def main(argv=None) -> dict:
             return args.calls
         return 1 if args.quick else min(16, max(2, math.ceil(args.min_tokens / (batch * n_new))))
 
-    n_prompts = max(n_calls(b) * (b // args.group if b >= args.group else b) for b in args.batches)
+    def n_confirm(batch: int) -> int:
+        if args.confirm_calls is not None:
+            return args.confirm_calls
+        return 1 if args.quick else min(48, max(8, math.ceil(args.confirm_tokens / (batch * n_new))))
+
+    n_prompts = max(
+        max(n_calls(b), n_confirm(b)) * (b // args.group if b >= args.group else b) for b in args.batches
+    )
     prompts = [chat_prompt_ids(tok, p["question"]) for p in heldout_problems(cfg, n_prompts)]
     profile = option_supported(EngineConfig, profile=True)
     cfgs, auto_ok = engine_configs(args, max_batch, profile)
@@ -310,6 +386,23 @@ def main(argv=None) -> dict:
             }
         return runs
 
+    def head_to_head(batch: int, names: list[str]) -> tuple[dict[str, list], dict[str, list[int]]]:
+        """After the sweep at this B: ``n_confirm`` calls of each of ``names``, interleaved call by call
+        (the order rotated each call) on prompts and seeds the sweep did not use (seed = repeats + call):
+        {system: [(tokens, seconds) of each call]}, and the K the auto systems drafted, pooled."""
+        rec: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+        drafted: dict[str, list[int]] = {name: [] for name in names if name.endswith("_auto")}
+        for c in range(n_confirm(batch)):
+            shift = c % len(names)
+            for name in names[shift:] + names[:shift]:
+                start = time.perf_counter()
+                made, stats = one_call(batch, name, repeats + c, c)
+                rec[name].append((made, time.perf_counter() - start))
+                if name in drafted:
+                    drafted[name] += stats.get("k_per_round") or []
+            log(f"B={batch} confirm call {c + 1}/{n_confirm(batch)}")
+        return rec, drafted
+
     out: dict = {
         "bench": "scale",
         "preset": args.preset,
@@ -336,6 +429,7 @@ def main(argv=None) -> dict:
     }
     medians: dict[str, dict[str, float]] = {}
     per_call: dict[str, dict[str, list[float]]] = {}
+    confirm: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for batch in args.batches:
         engines["plain"].generate(shape(batch)[0][:1], SamplingParams(max_new_tokens=4, eos_token_id=eos))
         runs: dict[str, list] = {name: [] for name in systems}
@@ -368,7 +462,19 @@ def main(argv=None) -> dict:
             "calls": n_calls(batch),
             "group": g,
             "systems": rows,
+            "confirm": None,
         }
+        names = confirm_systems(med, args.ks, auto_ok) if n_confirm(batch) else []
+        if names:
+            rec, drafted = head_to_head(batch, names)
+            confirm[f"batch_{batch}"] = rec
+            out["results"][f"batch_{batch}"]["confirm"] = {
+                "calls": n_confirm(batch),
+                "tokens_per_s": {
+                    n: round(sum(t for t, _ in r) / sum(x for _, x in r), 1) for n, r in rec.items()
+                },
+                "k_per_round": {n: k_summary(ks) for n, ks in drafted.items()},
+            }
 
     top = f"batch_{max_batch}"
     out["tail"] = {
@@ -390,8 +496,8 @@ def main(argv=None) -> dict:
     }
     if calibrated:
         out["cost_model"]["final"] = autos[0].cost_model.to_dict()
-    out["bars"] = compute_bars(medians, args.ks, auto_ok, calls=per_call)
-    out["noise_floor"] = noise_floor(medians, per_call)
+    out["bars"] = compute_bars(medians, args.ks, auto_ok, calls=per_call, confirm=confirm)
+    out["noise_floor"] = noise_floor(medians, per_call, confirm)
     json.dump(out, sys.stdout, indent=2)
     print()
     return out

@@ -169,6 +169,15 @@ def test_scale_bench_quick_on_micro(micro_world, capsys):
         assert runs(final) > runs(calibrated)
     floor = out["noise_floor"]["batch_8"]  # the A/A control: two identical plain engines, one pair
     assert floor["plain_control_vs_plain"] > 0 and floor["paired"]["n"] == 1
+    if out["auto_supported"]:  # --quick: one head-to-head call of each system after the sweep
+        confirm = out["results"]["batch_8"]["confirm"]
+        assert confirm["calls"] == 1 and {"plain", "plain_control", "strict_auto", "mars_auto"} <= set(
+            confirm["tokens_per_s"]
+        )
+        assert confirm["k_per_round"]["strict_auto"]["rounds"] > 0
+        assert bars["batch_8"]["strict_auto_vs_plain"]["confirm"]["n"] == 1
+        assert bars["batch_8"]["strict_auto_vs_plain"]["judged_on"] == "confirm"
+        assert floor["confirm"]["n"] == 1
     assert '"bars"' in capsys.readouterr().out
 
 
@@ -189,10 +198,11 @@ def test_scale_bars_by_hand():
         "bar": 0.97,
         "pass": True,
         "best": "strict_k3",
+        "judged_on": "sweep",
     }
     assert row["mars_auto_vs_best_fixed"]["best"] == "mars_k3" and row["mars_auto_vs_plain"]["pass"]
-    assert row["strict_auto_speedup"] == {"value": 1.46, "bar": 1.3, "pass": True}
-    assert row["mars_auto_speedup"] == {"value": 1.6, "bar": 1.5, "pass": True}
+    assert row["strict_auto_speedup"] == {"value": 1.46, "bar": 1.3, "pass": True, "judged_on": "sweep"}
+    assert row["mars_auto_speedup"] == {"value": 1.6, "bar": 1.5, "pass": True, "judged_on": "sweep"}
     assert row["mars_vs_strict_k3"]["pass"] is False and row["mars_vs_strict_tree"]["pass"] is True
     assert out["failed"] == ["batch_128.mars_vs_strict_k3"] and out["all_pass"] is False
     # an engine without the adaptive mode: those bars are None, never a pass or a fail
@@ -200,6 +210,7 @@ def test_scale_bars_by_hand():
     out = bars({"batch_8": slow}, [1, 3], auto_ok=False)
     assert out["batch_8"]["strict_auto_vs_best_fixed"]["best"] == "plain"
     assert out["batch_8"]["strict_auto_vs_plain"]["pass"] is None and out["all_pass"] is None
+    assert "judged_on" not in out["batch_8"]["strict_auto_vs_plain"]
     assert "strict_auto_speedup" not in out["batch_8"] and "mars_vs_strict_auto" not in out["batch_8"]
     assert "paired" not in out["batch_8"]["mars_vs_strict_k1"]  # no per-call rates given
 
@@ -218,6 +229,52 @@ def test_scale_bars_pair_the_calls():
     assert auto["paired"]["median"] == 1.0 and auto["paired"]["n"] == 3
     assert auto["paired"]["min"] == round(560 / 600, 4)
     assert row["mars_vs_strict_tree"]["paired"]["median"] == round(95 / 90, 4)
+
+
+def test_scale_bars_judge_the_head_to_head():
+    """Where both systems of a bar ran in the head-to-head, its pass judges the ratio of tokens/s over
+    those calls: here the sweep's medians put strict auto at 0.93 of strict_k1, the head-to-head at 1.0."""
+    bench = _load_bench("scale")
+    rates = {
+        "plain": 100.0,
+        "plain_control": 101.0,
+        "strict_k1": 150.0,
+        "strict_k3": 140.0,
+        "strict_tree": 90.0,
+    }
+    rates |= {"strict_auto": 140.0, "mars_k1": 130.0, "mars_k3": 90.0, "mars_tree": 95.0, "mars_auto": 150.0}
+    names = bench.confirm_systems(rates, [1, 3], auto_ok=True)
+    assert names == ["plain", "plain_control", "strict_k1", "strict_auto", "mars_k1", "mars_auto"]
+    # the best fixed system of a rule is plain when no K beats it: then plain alone stands for it
+    assert bench.confirm_systems(rates | {"mars_k1": 99.0}, [1, 3], True)[-1:] == ["mars_auto"]
+    assert bench.confirm_systems(rates, [1, 3], auto_ok=False) == []
+    calls = [(100, 1.0), (300, 2.0)]  # (tokens, seconds) of each call
+    confirm = {"batch_8": {"strict_k1": calls, "strict_auto": calls, "plain": [(100, 1.0), (100, 1.0)]}}
+    row = bench.compute_bars({"batch_8": rates}, [1, 3], auto_ok=True, confirm=confirm)["batch_8"]
+    auto = row["strict_auto_vs_best_fixed"]
+    assert auto["value"] == round(140 / 150, 4) and auto["confirm"]["value"] == 1.0
+    assert auto["pass"] is True and auto["judged_on"] == "confirm"
+    assert row["strict_auto_vs_plain"]["confirm"]["value"] == round(400 / 3 / 100, 4)  # 400 tokens in 3 s
+    assert row["mars_auto_vs_best_fixed"]["judged_on"] == "sweep"  # mars ran no head-to-head here
+    assert "confirm" not in row["mars_vs_strict_k1"]
+
+
+def test_ratio_of_sums_and_its_interval_by_hand():
+    ratio = _load_bench("_common").ratio_of_sums
+    # A: 10 tokens in 1 s, then 30 in 1 s; B: 10 in 2 s twice. Over all calls 40 / 2 over 20 / 4 tok/s
+    out = ratio([(10, 1.0), (30, 1.0)], [(10, 2.0), (10, 2.0)], resamples=400, seed=0)
+    assert out["value"] == 4.0 and out["n"] == 2 and out["level"] == 0.9
+    lo, hi = out["ci"]
+    # a resample of two pairs holds the first twice (A 20 tokens / 2 s over B's 5 tok/s: 2.0; p = 1/4),
+    # one of each (40 / 2 over 5: 4.0; p = 1/2) or the second twice (60 / 2 over 5: 6.0; p = 1/4), so
+    # the 5th and 95th percentiles of 400 resamples are the two ends
+    assert lo == 2.0 and hi == 6.0
+    same = ratio([(5, 1.0)] * 20, [(5, 1.0)] * 20)
+    assert same["value"] == 1.0 and same["ci"] == [1.0, 1.0]
+    assert ratio([], []) is None and ratio([(5, 0.0)], [(5, 1.0)]) is None  # no timed pair
+    # the interval comes from the seed alone
+    noisy = [(100, 1.0 + 0.1 * (i % 7)) for i in range(30)]
+    assert ratio(noisy, noisy[::-1], seed=3) == ratio(noisy, noisy[::-1], seed=3)
 
 
 def test_bench_common_tail_spread_and_rounds():
