@@ -141,13 +141,22 @@ class CostModel:
         grid = sorted(self.rounds)
         if not grid:
             return
+        k_max = max(self.rounds[grid[0]])
+        tables: dict[int, tuple[list[float], list[float]]] = {}  # the model is unchanged until the end
+
+        def at(rows: int) -> tuple[list[float], list[float]]:
+            if rows not in tables:
+                tables[rows] = self.tables(rows, k_max)
+            return tables[rows]
+
         groups: dict[tuple[int, int], list[float]] = {}
         for _, live, k, seconds, width in trace:
             if live < 1 or k not in self.rounds[grid[0]]:
                 continue
             r = min(grid, key=lambda g: abs(math.log(g / live)))
-            empty = seconds - self.slot_seconds(live, k) * width
-            scaled = empty * self.round_seconds(r, k) / self.round_seconds(live, k)
+            (base, slot), near = at(live), at(r)[0]
+            empty = seconds - slot[k] * width
+            scaled = empty * max(near[k], 1e-9) / max(base[k], 1e-9)  # round_seconds(r, k) / (live, k)
             groups.setdefault((r, k), []).append(scaled)
         for (r, k), seconds in groups.items():
             self.add_run(r, k, statistics.median(seconds))
@@ -169,13 +178,18 @@ class CostModel:
     def round_seconds_upto(self, rows: int, k_max: int, width: int = 0) -> list[float]:
         """``round_seconds(rows, k, width)`` for k = 0 .. k_max, with one line fit per measured batch
         size and table (the planner asks for every k each round)."""
+        base, slot = self.tables(rows, k_max)
+        return [max(b + s * width, 1e-9) for b, s in zip(base, slot, strict=True)]
+
+    def tables(self, rows: int, k_max: int) -> tuple[list[float], list[float]]:
+        """For k = 0 .. k_max at ``rows`` live rows: the seconds of a round at an empty cache and the
+        seconds each slot of width adds, so that ``round_seconds(rows, k, width)`` is
+        ``max(base[k] + slot[k] * width, 1e-9)``.  The line fits are the costly part of the model;
+        the planner keeps these per live batch size for its call, over which the model is fixed."""
         grid = sorted(self.rounds)
         at = [_shaped(self.rounds[r], k_max) for r in grid]
-        context = self.slot_seconds_upto(rows, k_max) if width else [0.0] * (k_max + 1)
-        return [
-            max(_interp(grid, [row[k] for row in at], rows) + context[k] * width, 1e-9)
-            for k in range(k_max + 1)
-        ]
+        base = [_interp(grid, [row[k] for row in at], rows) for k in range(k_max + 1)]
+        return base, self.slot_seconds_upto(rows, k_max)
 
     def to_dict(self) -> dict:
         return {
@@ -270,6 +284,8 @@ class KPlanner:
         self.wait = probe_every
         self.explore_every = explore_every
         self.speculative = 0  # speculative rounds chosen so far
+        # CostModel.tables per live batch size: the model changes only between calls (``observe``)
+        self._tables: dict[int, tuple[list[float], list[float]]] = {}
 
     def rate(self, rows: int, k: int, width: int = 0) -> float:
         """Expected tokens per second of a round with k drafts for ``rows`` live rows over a cache
@@ -282,8 +298,11 @@ class KPlanner:
             self.first = False
             return self.k_max
         tokens = self.estimates.expected_tokens_upto(self.k_max)
-        seconds = self.costs.round_seconds_upto(rows, self.k_max, width)
-        rates = [rows * n / t for n, t in zip(tokens, seconds, strict=True)]  # = self.rate(rows, k, width)
+        if rows not in self._tables:
+            self._tables[rows] = self.costs.tables(rows, self.k_max)
+        base, slot = self._tables[rows]
+        # = self.rate(rows, k, width), the seconds as round_seconds_upto(rows, k_max, width) gives them
+        rates = [rows * n / max(b + s * width, 1e-9) for n, b, s in zip(tokens, base, slot, strict=True)]
         best = max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
         if best > 0:
             self.plain_run = 0

@@ -3,13 +3,15 @@ length, fp32 verify logits for bf16 targets, refused attention implementations, 
 batch, and adaptive speculation (exact, deterministic, K varying)."""
 
 import itertools
+import math
+import statistics
 
 import pytest
 import torch
 
 from marsrl.drafter import Eagle3Drafter
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
-from marsrl.engine.adaptive import CostModel
+from marsrl.engine.adaptive import CostModel, KPlanner
 from marsrl.engine.engine import fp32_linear
 from marsrl.testing import tiny_causal_lm
 from marsrl.verify import DEFAULT_THETA
@@ -397,6 +399,46 @@ def test_cost_model_adds_each_slot_of_context_per_k():
     # a model without per_slot (an older dict) is the same at every width
     old = CostModel.from_dict({"rounds": {"1": {"0": 1.0, "1": 2.0}}})
     assert old.round_seconds(1, 1, width=10**6) == 2.0
+
+
+def test_planner_choice_from_its_kept_tables_is_the_models():
+    """KPlanner keeps CostModel.tables per live batch size for its call (the line fits cost ~0.1 ms a
+    round otherwise): its choice must be the argmax of the model's own round_seconds at every size and
+    width, bit for bit, through exploration and probes, and observe must fold in what it did before."""
+    import random
+
+    rng = random.Random(11)
+    rounds = {
+        r: {k: 0.002 * r**0.5 * (1 + 0.3 * k) * rng.uniform(0.8, 1.2) for k in range(6)} for r in (1, 4, 16)
+    }
+    per_slot = {r: {0: 1e-5 * r, 1: 2e-5 * r} for r in (1, 4, 16)}
+    costs = CostModel(rounds=rounds, per_slot=per_slot)
+    kept, fresh = KPlanner(costs, 5), KPlanner(costs, 5)
+    for _ in range(400):
+        rows, width = rng.choice([1, 2, 3, 4, 9, 16, 40]), rng.randint(0, 3000)
+        k = kept.choose(rows, width)
+        fresh._tables.clear()  # a planner that recomputes the model's tables every round
+        assert k == fresh.choose(rows, width)
+        seconds = costs.round_seconds_upto(rows, 5, width)
+        assert [max(b + s * width, 1e-9) for b, s in zip(*costs.tables(rows, 5), strict=True)] == seconds
+        drafted = [k] * rows
+        accepted = [rng.randint(0, k) if k else 0 for _ in range(rows)]
+        kept.observe(drafted, accepted)
+        fresh.observe(drafted, accepted)
+    # observe: a round's context and size rescaling read from the same tables as round_seconds
+    trace = [
+        [0.0, rng.choice([1, 3, 16, 30]), rng.randint(0, 5), rng.uniform(0.002, 0.05), 200] for _ in range(50)
+    ]
+    by_hand = {}
+    for _, live, k, sec, width in trace:
+        r = min(sorted(rounds), key=lambda g: abs(math.log(g / live)))
+        empty = sec - costs.slot_seconds(live, k) * width
+        by_hand.setdefault((r, k), []).append(
+            empty * costs.round_seconds(r, k) / costs.round_seconds(live, k)
+        )
+    costs.observe(trace)
+    for (r, k), seconds in by_hand.items():
+        assert costs.runs[r][k][-1] == statistics.median(seconds)
 
 
 def test_planner_drafts_longer_as_the_context_grows():
