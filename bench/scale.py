@@ -1,6 +1,6 @@
 """Engine throughput against batch size on the tiny world, side by side in one run (issues 12 and 13).
 
-    python bench/scale.py                          # default world, B in 1 8 32 128, 3 repeats (~20 min)
+    python bench/scale.py                          # default world, B in 1 8 32 128, 3 repeats (~25 min)
     python bench/scale.py --quick                  # one repeat and one call of each system
     python bench/scale.py --batches 1 8 --ks 3 7 --repeats 5 --threads 1
 
