@@ -22,10 +22,14 @@ lossless under strict.
 
 Exploration: a round learns nothing about the positions past its k.  So after ``probe_every`` plain rounds
 in a row the engine drafts once at the best k >= 1 (each probe that still loses to plain doubles the
-wait), and every ``explore_every``-th speculative round drafts one position past the best k (up to K).
+wait), and every ``explore_every``-th speculative round drafts past the best k: to the deepest k whose
+expected rate is within ``explore_within`` (10%) of the best's, at least one position past it (up to K).
 Without it a pessimistic early estimate of a deep position is never revised and a shorter k than the
 best is kept for good; with it each deeper position is re-measured every few dozen rounds, for the
-price of one round in ``explore_every`` at a k next to the best.
+price of one round in ``explore_every`` at most 10% slower than the best.  Where the optimum is flat (a
+few live rows, whose rounds cost about the same at any k) that reaches K, so the deepest positions are
+measured too and not left on one unlucky early sample; where long chains cost (many rows) it stays next
+to the best.
 
 Left out: per-row k (the target forward's width is the batch's largest k anyway), trees.
 """
@@ -275,6 +279,7 @@ class KPlanner:
         probe_every: int = 8,
         estimates: AcceptanceEstimates | None = None,
         explore_every: int = 16,
+        explore_within: float = 0.1,
     ):
         self.costs = costs
         self.k_max = k_max
@@ -283,6 +288,7 @@ class KPlanner:
         self.plain_run = 0
         self.wait = probe_every
         self.explore_every = explore_every
+        self.explore_within = explore_within
         self.speculative = 0  # speculative rounds chosen so far
         # CostModel.tables per live batch size: the model changes only between calls (``observe``)
         self._tables: dict[int, tuple[list[float], list[float]]] = {}
@@ -308,7 +314,9 @@ class KPlanner:
             self.plain_run = 0
             self.speculative += 1
             if best < self.k_max and self.speculative % self.explore_every == 0:
-                return best + 1  # re-measure the position past the best k
+                # re-measure past the best k: as deep as a k within explore_within of its rate
+                floor = rates[best] * (1 - self.explore_within)
+                return max(k for k in range(best + 1, self.k_max + 1) if k == best + 1 or rates[k] >= floor)
             return best
         self.plain_run += 1
         if self.plain_run >= self.wait:  # probe: re-measure acceptance at the best speculative k

@@ -492,6 +492,33 @@ def test_planner_re_measures_the_position_past_its_k():
     assert switch < 200 - 50  # within a few explorations
 
 
+def test_planner_explores_as_deep_as_a_near_best_k():
+    """K = 7, one row, rounds cost 1 + c k.  Acceptance 0.8 everywhere and c = 0.15 (a flat optimum): k = 5
+    is best and k = 7 within 10% of it, so an exploration round drafts 7, not best + 1.  Acceptance 0.5
+    and c = 0.3 (a steep one): k = 1 is best and only k = 2 within 10%, so it explores next to the best.
+    Rates by hand from the model."""
+    from marsrl.engine.adaptive import AcceptanceEstimates, KPlanner
+
+    def explored(a: float, c: float) -> tuple[int, int]:
+        est = AcceptanceEstimates(7)
+        est.accepted, est.reached = [a * 10**6] * 7, [10.0**6] * 7  # the pooled prior drowned: rates a
+        costs = CostModel(rounds={1: {k: 1.0 + c * k for k in range(8)}})
+        planner = KPlanner(costs, 7, estimates=est, explore_every=4)
+        ks = [planner.choose(1) for _ in range(4)]
+        assert len(set(ks[:3])) == 1
+        return ks[0], ks[3]
+
+    def by_hand(a: float, c: float) -> list[float]:
+        return [sum(a**j for j in range(k + 1)) / (1 + c * k) for k in range(8)]
+
+    flat = by_hand(0.8, 0.15)
+    assert max(range(8), key=flat.__getitem__) == 5 and flat[7] >= 0.9 * flat[5]
+    assert explored(0.8, 0.15) == (5, 7)
+    steep = by_hand(0.5, 0.3)
+    assert max(range(8), key=steep.__getitem__) == 1 and steep[2] >= 0.9 * steep[1] > steep[3]
+    assert explored(0.5, 0.3) == (1, 2)
+
+
 def test_observed_rounds_have_their_context_taken_off():
     costs = CostModel(rounds={4: {0: 2.0, 1: 3.0}}, per_slot={4: {0: 0.01, 1: 0.02}})
     # k = 1 rounds at 100 and at 300 slots, both 1 s above the model: one run of 4 s at an empty cache
