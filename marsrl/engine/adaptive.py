@@ -7,14 +7,17 @@ engine drafts the k in {0, ..., K} that maximises expected tokens per second for
 
 k = 0 is a plain step (one target forward, no drafter).  t_round comes from a ``CostModel`` measured on
 the engine's own models (``SpeculativeEngine.calibrate``: whole rounds timed at each k over a grid of
-live batch sizes, so drafting, verification and the host's bookkeeping are all in it), once per engine,
-then refined by every call's measured rounds.  It is taken at the round's context: every round reads
+live batch sizes, so drafting, verification and the host's bookkeeping are all in it), once per engine;
+every call's measured rounds then set each batch size's level, all k alike, and never the ratios
+between k's, which only the calibration measures fairly (its k's share each second; see
+``CostModel``).  It is taken at the round's context: every round reads
 each live row's cached keys and values once, whatever its k, so its time grows with the cache's width
 (the shared time axis, in slots) by an added cost per slot, measured once for the plain step and once
 for every k >= 1 (``context_slope``).  A plain step therefore costs more, relative to a speculative
 round, the longer the sequences are, and the k worth drafting grows along a call.  The a_i are running
 estimates from the rounds of the current ``generate`` call (``AcceptanceEstimates``), started from the
-engine's earlier calls, scaled down to a few dozen rounds.  Both carry-overs are off with
+engine's earlier calls, scaled down to a few dozen rounds.  The carry-overs (the levels, the estimates
+and the count of speculative rounds that times exploration) are off with
 ``EngineConfig(adapt_costs=False)``: the choice is then a pure function of the cost model, the call's
 own outcomes and its seed, and the same engine reproduces the same K sequence.  Exactness does not
 depend on k: every round is verified by the same rule, and a chain of any length (0 included) is
@@ -22,7 +25,8 @@ lossless under strict.
 
 Exploration: a round learns nothing about the positions past its k.  So after ``probe_every`` plain rounds
 in a row the engine drafts once at the best k >= 1 (each probe that still loses to plain doubles the
-wait), and every ``explore_every``-th speculative round drafts past the best k: to the deepest k whose
+wait), and every ``explore_every``-th speculative round (counted over the engine's calls: a call at
+B = 1 has fewer rounds than that) drafts past the best k: to the deepest k whose
 expected rate is within ``explore_within`` (10%) of the best's, at least one position past it (up to K).
 Without it a pessimistic early estimate of a deep position is never revised and a shorter k than the
 best is kept for good; with it each deeper position is re-measured every few dozen rounds, for the
@@ -100,7 +104,7 @@ class CostModel:
     ``rows`` live rows drafting k tokens (k = 0 a plain step) over a cache ``width`` slots wide (the
     shared time axis every row's attention reads):
 
-        t(rows, k, width) = rounds[rows][k] + per_slot[rows][k] * width
+        t(rows, k, width) = level[rows] * rounds[rows][k] + per_slot[rows][k] * width
 
     ``rounds[rows][k]``: the round at an empty cache (measured rounds with their context taken off);
     ``per_slot[rows][k]``: the seconds each slot of context adds (``context_slope``; none measured
@@ -113,23 +117,31 @@ class CostModel:
     pays the drafter's absorb and a wider forward even at k = 1, a step a line through k = 0 would
     smear over every k.  Interpolated linearly between sizes.
 
-    Each ``rounds`` figure is the lower quartile of the runs behind it (``runs[rows][k]``: one figure a
-    run, the median of its rounds; the last ``keep``): the calibration's runs, then one for every
-    ``generate`` call that drafted k at about that size.  Noise on a shared machine only ever adds
-    time, so a low quantile is the steady cost; and since a figure's statistic is the same however many
-    runs it has seen, the k the planner keeps choosing is judged as the k's it has left are (a running
-    mean of every round would hold the chosen k to its noisy rounds and the others to their calibrated
-    best, and push the choice away from whatever it had chosen).  A figure given without runs counts as
-    ``seed_runs`` runs of itself.  ``per_slot`` is the calibration's alone."""
+    Each ``rounds`` figure is the lower quartile of the calibration's runs behind it (``runs[rows][k]``:
+    one figure a run, the median of its rounds; ``add_run``).  Noise on a shared machine only ever adds
+    time, so a low quantile is the steady cost, and the calibration measures every k within the same
+    second, so its figures rank the k's fairly.
+
+    Later calls set the ``level`` of a batch size, never the ratios between its k's (``observe``): a
+    call's rounds at a size, each against the calibrated figure of its k, give one ratio (their
+    median), and the size's level is the lower quartile of its last ``keep`` ratios, the calibration
+    counting as ``seed_runs`` ratios of 1.  Folding a call's rounds into the per-k figures instead, as
+    this model once did, judged the k the planner kept choosing by its rounds in the workload and the
+    k's it had left by their calibrated best: at B = 1 on this CPU the chosen K = 6 and K = 7 figures
+    rose from 5.75 / 5.77 ms to 6.09 / 6.73 ms over one run while K = 1..5 kept theirs, the line's slope
+    steepened, and the planner drafted ever shorter (2026-12-02).  ``per_slot`` is the calibration's
+    alone."""
 
     rounds: dict[int, dict[int, float]] = field(default_factory=dict)
     runs: dict[int, dict[int, list[float]]] = field(default_factory=dict)
     per_slot: dict[int, dict[int, float]] = field(default_factory=dict)
+    levels: dict[int, list[float]] = field(default_factory=dict)
     keep: int = 32
     seed_runs: int = 3
 
     def add_run(self, rows: int, k: int, seconds: float) -> None:
-        """One run's figure for (rows, k); the model's figure becomes the lower quartile of the runs."""
+        """One calibration run's figure for (rows, k); the model's figure becomes the lower quartile of
+        the runs."""
         figures = self.rounds.setdefault(rows, {})
         runs = self.runs.setdefault(rows, {})
         if k not in runs:
@@ -137,23 +149,31 @@ class CostModel:
         runs[k] = (runs[k] + [seconds])[-self.keep :]
         figures[k] = lower_quartile(runs[k])
 
+    def level(self, rows: int) -> float:
+        """The factor on a measured batch size's calibrated figures: the lower quartile of its observed
+        calls' ratios, the calibration counting as ``seed_runs`` ratios of 1 (1.0 before any call)."""
+        ratios = self.levels.get(rows)
+        return lower_quartile([1.0] * self.seed_runs + ratios) if ratios else 1.0
+
     def observe(self, trace: list) -> None:
-        """Fold a call's measured rounds ([start, live rows, k, seconds, width] each) into the figures:
-        a round's context (``slot_seconds``) is taken off, and a round with L live rows counts at the
+        """Fold a call's measured rounds ([start, live rows, k, seconds, width] each) into the levels:
+        a round's context (``slot_seconds``) is taken off, a round with L live rows counts at the
         measured batch size nearest to L (in log scale), rescaled by the model's ratio between the two
-        sizes; the rounds of one (size, k) make one run, their median."""
+        sizes, and is divided by the calibrated figure of its k there; the rounds of one size make one
+        ratio, their median, whatever their k's."""
         grid = sorted(self.rounds)
         if not grid:
             return
         k_max = max(self.rounds[grid[0]])
         tables: dict[int, tuple[list[float], list[float]]] = {}  # the model is unchanged until the end
+        calibrated = {r: _shaped(self.rounds[r], k_max) for r in grid}
 
         def at(rows: int) -> tuple[list[float], list[float]]:
             if rows not in tables:
                 tables[rows] = self.tables(rows, k_max)
             return tables[rows]
 
-        groups: dict[tuple[int, int], list[float]] = {}
+        groups: dict[int, list[float]] = {}
         for _, live, k, seconds, width in trace:
             if live < 1 or k not in self.rounds[grid[0]]:
                 continue
@@ -161,9 +181,9 @@ class CostModel:
             (base, slot), near = at(live), at(r)[0]
             empty = seconds - slot[k] * width
             scaled = empty * max(near[k], 1e-9) / max(base[k], 1e-9)  # round_seconds(r, k) / (live, k)
-            groups.setdefault((r, k), []).append(scaled)
-        for (r, k), seconds in groups.items():
-            self.add_run(r, k, statistics.median(seconds))
+            groups.setdefault(r, []).append(scaled / max(calibrated[r][k], 1e-9))
+        for r, ratios in groups.items():
+            self.levels[r] = [*self.levels.get(r, []), statistics.median(ratios)][-self.keep :]
 
     def slot_seconds(self, rows: int, k: int) -> float:
         return self.slot_seconds_upto(rows, k)[k]
@@ -191,7 +211,7 @@ class CostModel:
         ``max(base[k] + slot[k] * width, 1e-9)``.  The line fits are the costly part of the model;
         the planner keeps these per live batch size for its call, over which the model is fixed."""
         grid = sorted(self.rounds)
-        at = [_shaped(self.rounds[r], k_max) for r in grid]
+        at = [[self.level(r) * t for t in _shaped(self.rounds[r], k_max)] for r in grid]
         base = [_interp(grid, [row[k] for row in at], rows) for k in range(k_max + 1)]
         return base, self.slot_seconds_upto(rows, k_max)
 
@@ -200,6 +220,7 @@ class CostModel:
             "rounds": {str(r): {str(k): t for k, t in ks.items()} for r, ks in self.rounds.items()},
             "runs": {str(r): {str(k): list(v) for k, v in ks.items()} for r, ks in self.runs.items()},
             "per_slot": {str(r): {str(k): c for k, c in ks.items()} for r, ks in self.per_slot.items()},
+            "levels": {str(r): list(v) for r, v in self.levels.items()},
         }
 
     @classmethod
@@ -214,6 +235,7 @@ class CostModel:
                 for r, ks in d.get("runs", {}).items()
             },
             per_slot=table(d.get("per_slot", {})),
+            levels={int(r): [float(x) for x in v] for r, v in d.get("levels", {}).items()},
         )
 
 
@@ -268,7 +290,9 @@ class AcceptanceEstimates:
 
 class KPlanner:
     """Chooses each round's k; one per ``generate`` call.  Its estimates start from the prior, or from
-    ``estimates`` carried over from the engine's earlier calls (then no exploring first round)."""
+    ``estimates`` carried over from the engine's earlier calls (then no exploring first round), and its
+    count of speculative rounds (``speculative``, which times the exploration rounds) from 0 or from
+    the engine's last call."""
 
     exhausted = False  # every planner has it; only ``CycleK`` ever ends a call early
 
@@ -280,6 +304,7 @@ class KPlanner:
         estimates: AcceptanceEstimates | None = None,
         explore_every: int = 16,
         explore_within: float = 0.1,
+        speculative: int = 0,
     ):
         self.costs = costs
         self.k_max = k_max
@@ -289,7 +314,10 @@ class KPlanner:
         self.wait = probe_every
         self.explore_every = explore_every
         self.explore_within = explore_within
-        self.speculative = 0  # speculative rounds chosen so far
+        # speculative rounds chosen so far, counted on from the engine's earlier calls where carried over:
+        # a call of fewer than explore_every rounds (B = 1: ~15) would otherwise never explore, and only
+        # the long calls (the hard prompts) would, always near their ends
+        self.speculative = speculative
         # CostModel.tables per live batch size: the model changes only between calls (``observe``)
         self._tables: dict[int, tuple[list[float], list[float]]] = {}
 

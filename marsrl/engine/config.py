@@ -42,9 +42,9 @@ class EngineConfig:
     # measured on the engine's models and running acceptance estimates (marsrl.engine.adaptive)
     num_draft_tokens: int | Literal["auto"] = 7
     max_draft_tokens: int | None = None  # the largest k "auto" may choose (default 7); only with "auto"
-    # "auto": fold each call's measured round times into the engine's cost model and start each call's
-    # acceptance estimates from the last call's (False: both fixed, so every call with the same inputs
-    # and seed repeats the same K sequence)
+    # "auto": fold each call's measured round times into the cost model's per-batch-size levels, and
+    # start each call's acceptance estimates and exploration count from the last call's (False: all
+    # fixed, so every call with the same inputs and seed repeats the same K sequence)
     adapt_costs: bool = True
     # chain drafting stops early for a row once the draft's own probability of its chain so far (the
     # product of its per-token probabilities) falls below this; the row still verifies the token drafted

@@ -107,6 +107,7 @@ class SpeculativeEngine:
         self.stats: dict = {}
         self.cost_model = cost_model
         self._acceptance = None  # auto: the last call's acceptance estimates, the next call's start
+        self._speculative = 0  # auto: speculative rounds so far, which time the planner's exploration
         self._eagle = None
         check_attention(target)
         if drafter is not None and not hasattr(drafter, "propose"):
@@ -158,12 +159,17 @@ class SpeculativeEngine:
         if self._auto and self.drafter is not None:
             if self.cost_model is None:  # measured once, on this call's prompts
                 self.cost_model = self.calibrate(prompts=prompts)
-            carried = self._acceptance.carried() if self._acceptance and self.config.adapt_costs else None
-            planner = KPlanner(self.cost_model, self.config.max_draft_tokens, estimates=carried)
+            carry = self._acceptance is not None and self.config.adapt_costs
+            planner = KPlanner(
+                self.cost_model,
+                self.config.max_draft_tokens,
+                estimates=self._acceptance.carried() if carry else None,
+                speculative=self._speculative if carry else 0,
+            )
         out = self._generate(prompts, sampling, planner)
         if planner is not None and self.config.adapt_costs:
             self.cost_model.observe(self.stats["trace"])
-            self._acceptance = planner.estimates
+            self._acceptance, self._speculative = planner.estimates, planner.speculative
         return out
 
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams, planner) -> list[Trajectory]:

@@ -322,33 +322,49 @@ def test_shared_prefix_prefill_gives_the_unshared_trajectories_bit_for_bit(targe
     assert runs[0] == runs[1]
 
 
-def test_measured_rounds_sharpen_the_cost_model():
+def test_measured_rounds_set_the_level_not_the_shape():
     costs = CostModel(rounds={1: {0: 1.0, 1: 1.0}, 4: {0: 2.0, 1: 2.0}})
     # one call: two k = 1 rounds near 4 rows, one plain round at 1 row; the 3-row round counts at 4 rows,
-    # rescaled by model(4, 1) / model(3, 1) = 2 / (1 + 2 / 3)
+    # rescaled by model(4, 1) / model(3, 1) = 2 / (1 + 2 / 3); each round against its k's calibrated
+    # figure, one ratio per size (the median)
     call = [[0.0, 4, 1, 4.0, 0], [0.1, 1, 0, 1.0, 0], [0.2, 3, 1, 3.0, 0]]  # no per_slot: width is moot
     scaled = 3.0 * 2.0 / (1 + 2 / 3)
     costs.observe(call)
-    assert costs.runs[4][1] == [
-        2.0,
-        2.0,
-        2.0,
-        pytest.approx((4.0 + scaled) / 2),
-    ]  # seeded with 3 of its figure
-    assert costs.rounds[4][1] == 2.0  # one slow call does not move the lower quartile
-    assert costs.rounds[4][0] == 2.0 and 0 not in costs.runs[4]  # never observed
-    # calls that keep measuring it slower take over within a dozen: the figure follows the rounds
+    assert costs.levels == {4: [pytest.approx((4.0 / 2.0 + scaled / 2.0) / 2)], 1: [1.0]}
+    assert costs.level(4) == 1.0 and costs.round_seconds(4, 1) == 2.0  # one slow call: seeds hold it
+    assert 4 not in costs.runs  # the calibration's runs are the calibration's alone
+    # calls that keep measuring it slower take over within a dozen: the level follows the rounds
     for _ in range(9):
         costs.observe([[0.0, 4, 1, 4.0, 0]])
-    assert costs.rounds[4][1] == pytest.approx((4.0 + scaled) / 2)
+    assert costs.level(4) == pytest.approx((2.0 + scaled / 2.0) / 2)
     for _ in range(40):
         costs.observe([[0.0, 4, 1, 4.0, 0]])
-    assert costs.rounds[4][1] == 4.0 and len(costs.runs[4][1]) == costs.keep  # the seeds have aged out
+    assert costs.level(4) == 2.0 and len(costs.levels[4]) == costs.keep  # the seeds have aged out
+    # every k at that size moves alike (the plain step was never observed there), and sizes between
+    # measured ones interpolate the levelled figures
+    assert costs.round_seconds(4, 1) == 4.0 and costs.round_seconds(4, 0) == 4.0
+    assert costs.round_seconds(2, 1) == pytest.approx(1.0 + (4.0 - 1.0) / 3)
     # and a single fast outlier does not pull it down
     costs.observe([[0.0, 4, 1, 0.5, 0]])
-    assert costs.rounds[4][1] == 4.0
+    assert costs.level(4) == 2.0
     again = CostModel.from_dict(costs.to_dict())
-    assert again.rounds == costs.rounds and again.runs == costs.runs
+    assert again.levels == costs.levels and again.round_seconds(2, 1) == costs.round_seconds(2, 1)
+    assert CostModel.from_dict({"rounds": {"1": {"0": 1.0}}}).level(1) == 1.0  # an older dict
+
+
+def test_rounds_of_the_chosen_k_do_not_steepen_the_line():
+    """The planner drafts mostly one k, in the workload's conditions (longer prompts, a busier machine)
+    rather than the calibration's.  Calibrated rounds cost 1 + k (k = 1..7); 40 calls whose k = 6 and
+    k = 7 rounds run 50% slower: every k's figure scales by 1.5 and the ratios between k's stay the
+    calibration's, so the longer chain is judged as the shorter ones are.  (Folded in per k, the two
+    figures alone rose, the line through k = 1..7 steepened, and the planner drafted ever shorter.)"""
+    calibrated = {k: 1.0 + k for k in range(8)}
+    costs = CostModel(rounds={1: dict(calibrated)})
+    for _ in range(40):
+        costs.observe([[0.0, 1, 6, 1.5 * 7.0, 0], [0.1, 1, 7, 1.5 * 8.0, 0], [0.2, 1, 6, 1.5 * 7.0, 0]])
+    seconds = costs.round_seconds_upto(1, 7)
+    assert seconds == pytest.approx([1.5 * t for t in calibrated.values()])
+    assert seconds[7] / seconds[5] == pytest.approx(8.0 / 6.0)
 
 
 def test_calibration_figures_are_the_lower_quartile_of_their_runs():
@@ -433,12 +449,10 @@ def test_planner_choice_from_its_kept_tables_is_the_models():
     for _, live, k, sec, width in trace:
         r = min(sorted(rounds), key=lambda g: abs(math.log(g / live)))
         empty = sec - costs.slot_seconds(live, k) * width
-        by_hand.setdefault((r, k), []).append(
-            empty * costs.round_seconds(r, k) / costs.round_seconds(live, k)
-        )
+        scaled = empty * costs.round_seconds(r, k) / costs.round_seconds(live, k)
+        by_hand.setdefault(r, []).append(scaled / costs.round_seconds(r, k))  # level 1 until now
     costs.observe(trace)
-    for (r, k), seconds in by_hand.items():
-        assert costs.runs[r][k][-1] == statistics.median(seconds)
+    assert costs.levels == {r: [pytest.approx(statistics.median(v))] for r, v in by_hand.items()}
 
 
 def test_planner_drafts_longer_as_the_context_grows():
@@ -519,13 +533,61 @@ def test_planner_explores_as_deep_as_a_near_best_k():
     assert explored(0.5, 0.3) == (1, 2)
 
 
+def test_short_calls_explore_when_the_count_is_carried():
+    """A call at B = 1 runs ~15 rounds, fewer than explore_every = 16: a planner counting from 0 every
+    call would never explore, and only the calls that run long (the hard prompts) would, near their
+    ends, which biased the deep positions' estimates low.  20 calls of 12 rounds (acceptance 0.8,
+    rounds 1 + 0.15 k: k = 5 best, exploration to 7): with the count carried rounds 16, 32, ... of the
+    engine's life explore (15 of 240); restarted every call, none does."""
+    from marsrl.engine.adaptive import AcceptanceEstimates, KPlanner
+
+    est = AcceptanceEstimates(7)
+    est.accepted, est.reached = [0.8 * 10**6] * 7, [10.0**6] * 7
+    costs = CostModel(rounds={1: {k: 1.0 + 0.15 * k for k in range(8)}})
+
+    def ks(carry: bool) -> list[int]:
+        count, out = 0, []
+        for _ in range(20):
+            planner = KPlanner(costs, 7, estimates=est, speculative=count if carry else 0)
+            out += [planner.choose(1) for _ in range(12)]
+            count = planner.speculative
+        return out
+
+    assert ks(False) == [5] * 240
+    carried = ks(True)
+    assert [i for i, k in enumerate(carried) if k != 5] == list(range(15, 240, 16))
+    assert {carried[i] for i in range(15, 240, 16)} == {7}
+
+
+def test_engine_carries_the_exploration_count_unless_adapt_costs_is_off(qwen):
+    """Rounds cost the same at every k, so every round drafts K = 3 and counts as speculative, except
+    the first call's first round (the exploring first round): after two calls the engine's count is
+    every round but that one; with adapt_costs=False nothing is carried and the count stays 0."""
+    head = Eagle3Drafter.from_target(qwen)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=12, n=2, ignore_eos=True, seed=3)
+    for adapt in (True, False):
+        costs = CostModel(rounds={1: dict.fromkeys(range(4), 1.0), 4: dict.fromkeys(range(4), 1.0)})
+        cfg = EngineConfig(num_draft_tokens="auto", max_draft_tokens=3, adapt_costs=adapt)
+        eng = SpeculativeEngine(qwen, head, cfg, cost_model=costs)
+        rounds = []
+        for _ in range(2):
+            eng.generate([[1, 2, 3]], sp)
+            rounds.append(eng.stats["k_per_round"])
+        assert all(k == 3 for ks in rounds for k in ks)
+        assert eng._speculative == (len(rounds[0]) - 1 + len(rounds[1]) if adapt else 0)
+
+
 def test_observed_rounds_have_their_context_taken_off():
-    costs = CostModel(rounds={4: {0: 2.0, 1: 3.0}}, per_slot={4: {0: 0.01, 1: 0.02}})
-    # k = 1 rounds at 100 and at 300 slots, both 1 s above the model: one run of 4 s at an empty cache
-    trace = [[0.0, 4, 1, 3.0 + 2.0 + 1.0, 100], [0.1, 4, 1, 3.0 + 6.0 + 1.0, 300], [0.2, 4, 0, 3.0 + 0.5, 50]]
-    costs.observe(trace)
-    assert costs.runs[4][1][-1] == pytest.approx(4.0)
-    assert costs.runs[4][0][-1] == pytest.approx(3.0)  # a plain step's own slope: 10 ms a slot
+    def observed(trace) -> list[float]:
+        costs = CostModel(rounds={4: {0: 2.0, 1: 3.0}}, per_slot={4: {0: 0.01, 1: 0.02}})
+        costs.observe(trace)
+        return costs.levels[4]
+
+    # k = 1 rounds at 100 and at 300 slots, both 1 s above the model: 4 s at an empty cache against 3
+    assert observed([[0.0, 4, 1, 3.0 + 2.0 + 1.0, 100], [0.1, 4, 1, 3.0 + 6.0 + 1.0, 300]]) == [
+        pytest.approx(4.0 / 3.0)
+    ]
+    assert observed([[0.2, 4, 0, 3.0 + 0.5, 50]]) == [pytest.approx(1.5)]  # the plain step's own 10 ms a slot
 
 
 def test_plain_steps_without_padding_skip_the_mask_and_match_the_masked_path(qwen, monkeypatch):
