@@ -104,7 +104,7 @@ class CostModel:
     ``rows`` live rows drafting k tokens (k = 0 a plain step) over a cache ``width`` slots wide (the
     shared time axis every row's attention reads):
 
-        t(rows, k, width) = level[rows] * rounds[rows][k] + per_slot[rows][k] * width
+        t(rows, k, width) = level[rows] * (rounds[rows][k] + per_slot[rows][k] * width)
 
     ``rounds[rows][k]``: the round at an empty cache (measured rounds with their context taken off);
     ``per_slot[rows][k]``: the seconds each slot of context adds (``context_slope``; none measured
@@ -123,8 +123,8 @@ class CostModel:
     second, so its figures rank the k's fairly.
 
     Later calls set the ``level`` of a batch size, never the ratios between its k's (``observe``): a
-    call's rounds at a size, each against the calibrated figure of its k, give one ratio (their
-    median), and the size's level is the lower quartile of its last ``keep`` ratios, the calibration
+    call's rounds at a size, each against the calibrated seconds of its k at its width, give one ratio
+    (their median), and the size's level is the lower quartile of its last ``keep`` ratios, the calibration
     counting as ``seed_runs`` ratios of 1.  Folding a call's rounds into the per-k figures instead, as
     this model once did, judged the k the planner kept choosing by its rounds in the workload and the
     k's it had left by their calibrated best: at B = 1 on this CPU the chosen K = 6 and K = 7 figures
@@ -157,43 +157,51 @@ class CostModel:
 
     def observe(self, trace: list) -> None:
         """Fold a call's measured rounds ([start, live rows, k, seconds, width] each) into the levels:
-        a round's context (``slot_seconds``) is taken off, a round with L live rows counts at the
-        measured batch size nearest to L (in log scale), rescaled by the model's ratio between the two
-        sizes, and is divided by the calibrated figure of its k there; the rounds of one size make one
-        ratio, their median, whatever their k's."""
+        a round with L live rows counts at the measured batch size nearest to L (in log scale),
+        rescaled by the model's ratio between the two sizes at the round's k and width, and is divided
+        by the calibrated seconds of that k and width there; the rounds of one size make one ratio,
+        their median, whatever their k's.  The whole round is judged, its context included: a figure
+        at an empty cache can be near 0 where the context is most of a round (the plain step at 128
+        rows on this CPU: 1.5 ms empty, 158 us a slot), and a ratio against it would read noise in
+        the context's share as a level of 3-7."""
         grid = sorted(self.rounds)
         if not grid:
             return
         k_max = max(self.rounds[grid[0]])
         tables: dict[int, tuple[list[float], list[float]]] = {}  # the model is unchanged until the end
-        calibrated = {r: _shaped(self.rounds[r], k_max) for r in grid}
+        calibrated = {r: (_shaped(self.rounds[r], k_max), self.slot_seconds_upto(r, k_max)) for r in grid}
 
         def at(rows: int) -> tuple[list[float], list[float]]:
             if rows not in tables:
                 tables[rows] = self.tables(rows, k_max)
             return tables[rows]
 
+        def seconds_of(table: tuple[list[float], list[float]], k: int, width: int) -> float:
+            base, slot = table
+            return max(base[k] + slot[k] * width, 1e-9)
+
         groups: dict[int, list[float]] = {}
         for _, live, k, seconds, width in trace:
             if live < 1 or k not in self.rounds[grid[0]]:
                 continue
             r = min(grid, key=lambda g: abs(math.log(g / live)))
-            (base, slot), near = at(live), at(r)[0]
-            empty = seconds - slot[k] * width
-            scaled = empty * max(near[k], 1e-9) / max(base[k], 1e-9)  # round_seconds(r, k) / (live, k)
-            groups.setdefault(r, []).append(scaled / max(calibrated[r][k], 1e-9))
+            scaled = seconds * seconds_of(at(r), k, width) / seconds_of(at(live), k, width)
+            groups.setdefault(r, []).append(scaled / seconds_of(calibrated[r], k, width))
         for r, ratios in groups.items():
             self.levels[r] = [*self.levels.get(r, []), statistics.median(ratios)][-self.keep :]
 
     def slot_seconds(self, rows: int, k: int) -> float:
         return self.slot_seconds_upto(rows, k)[k]
 
-    def slot_seconds_upto(self, rows: int, k_max: int) -> list[float]:
-        """Seconds one slot of cache width adds to a round of ``rows`` live rows, for k = 0 .. k_max."""
+    def slot_seconds_upto(self, rows: int, k_max: int, levelled: bool = False) -> list[float]:
+        """Seconds one slot of cache width adds to a round of ``rows`` live rows, for k = 0 .. k_max:
+        the calibration's, or with ``levelled`` each measured size's times its level."""
         grid = sorted(self.per_slot)
         if not grid:
             return [0.0] * (k_max + 1)
-        at = [_shaped(self.per_slot[r], k_max) for r in grid]
+        at = [
+            [(self.level(r) if levelled else 1.0) * t for t in _shaped(self.per_slot[r], k_max)] for r in grid
+        ]
         return [max(_interp(grid, [row[k] for row in at], rows), 0.0) for k in range(k_max + 1)]
 
     def round_seconds(self, rows: int, k: int, width: int = 0) -> float:
@@ -206,14 +214,14 @@ class CostModel:
         return [max(b + s * width, 1e-9) for b, s in zip(base, slot, strict=True)]
 
     def tables(self, rows: int, k_max: int) -> tuple[list[float], list[float]]:
-        """For k = 0 .. k_max at ``rows`` live rows: the seconds of a round at an empty cache and the
-        seconds each slot of width adds, so that ``round_seconds(rows, k, width)`` is
+        """For k = 0 .. k_max at ``rows`` live rows, levelled: the seconds of a round at an empty cache
+        and the seconds each slot of width adds, so that ``round_seconds(rows, k, width)`` is
         ``max(base[k] + slot[k] * width, 1e-9)``.  The line fits are the costly part of the model;
         the planner keeps these per live batch size for its call, over which the model is fixed."""
         grid = sorted(self.rounds)
         at = [[self.level(r) * t for t in _shaped(self.rounds[r], k_max)] for r in grid]
         base = [_interp(grid, [row[k] for row in at], rows) for k in range(k_max + 1)]
-        return base, self.slot_seconds_upto(rows, k_max)
+        return base, self.slot_seconds_upto(rows, k_max, levelled=True)
 
     def to_dict(self) -> dict:
         return {
