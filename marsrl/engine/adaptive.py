@@ -130,7 +130,7 @@ class CostModel:
     k's it had left by their calibrated best: at B = 1 on this CPU the chosen K = 6 and K = 7 figures
     rose from 5.75 / 5.77 ms to 6.09 / 6.73 ms over one run while K = 1..5 kept theirs, the line's slope
     steepened, and the planner drafted ever shorter (2026-12-02).  ``per_slot`` is the calibration's
-    alone."""
+    too, scaled by the level with the rest of the round."""
 
     rounds: dict[int, dict[int, float]] = field(default_factory=dict)
     runs: dict[int, dict[int, list[float]]] = field(default_factory=dict)
@@ -323,8 +323,8 @@ class KPlanner:
         self.explore_every = explore_every
         self.explore_within = explore_within
         # speculative rounds chosen so far, counted on from the engine's earlier calls where carried over:
-        # a call of fewer than explore_every rounds (B = 1: ~15) would otherwise never explore, and only
-        # the long calls (the hard prompts) would, always near their ends
+        # a call of fewer than explore_every rounds (B = 1: ~13) would otherwise never explore; only a
+        # call that ran long would, always near its end
         self.speculative = speculative
         # CostModel.tables per live batch size: the model changes only between calls (``observe``)
         self._tables: dict[int, tuple[list[float], list[float]]] = {}
