@@ -533,11 +533,11 @@ def test_planner_explores_as_deep_as_a_near_best_k():
 
 
 def test_short_calls_explore_when_the_count_is_carried():
-    """A call at B = 1 runs ~15 rounds, fewer than explore_every = 16: a planner counting from 0 every
-    call would never explore, and only the calls that run long (the hard prompts) would, near their
-    ends, which biased the deep positions' estimates low.  20 calls of 12 rounds (acceptance 0.8,
-    rounds 1 + 0.15 k: k = 5 best, exploration to 7): with the count carried rounds 16, 32, ... of the
-    engine's life explore (15 of 240); restarted every call, none does."""
+    """A call at B = 1 runs ~13 rounds, fewer than explore_every = 16: a planner counting from 0 every
+    call would never explore, and only a call that ran long would, near its end (the deepest position's
+    estimate read 0.65-0.70 where K = 7 rounds measured 0.74-0.83, 2026-12-02).  20 calls of 12 rounds
+    (acceptance 0.8, rounds 1 + 0.15 k: k = 5 best, exploration to 7): with the count carried, rounds
+    16, 32, ... of the engine's life explore (15 of 240); restarted every call, none does."""
     from marsrl.engine.adaptive import AcceptanceEstimates, KPlanner
 
     est = AcceptanceEstimates(7)
