@@ -29,7 +29,10 @@ by call on prompts and seeds the sweep did not use, many more calls than a sweep
 machine one call of identical work moves by an IQR of 10-26% against its neighbour, so the sweep's 6
 calls a system cannot resolve a 3% bar, and the best fixed system is the largest of five noisy figures;
 the head-to-head measures the auto bars on fresh data, as the ratio of tokens/s over all its calls with
-a 90% bootstrap interval over the pairs (``ratio_of_sums``).
+a 90% bootstrap interval over the pairs (``ratio_of_sums``).  The mars >= strict pairs the sweep cannot
+tell apart (a fixed K or the tree whose sweep ratio is within ``--confirm-margin`` of 1,
+``close_calls``; "close_calls" in the B's "confirm") run in the head-to-head too, and it judges their
+bar: mars's gain at a short chain is a few percent, the size of the sweep's own A/A error.
 
 "bars" holds the issue's acceptance bars, each as {value, bar, pass, judged_on}: ``value`` the ratio of
 the sweep's medians, ``paired`` the median and IQR of its per-call ratios, ``confirm`` the head-to-head's
@@ -227,6 +230,19 @@ def confirm_systems(rates: dict[str, float], ks: list[int], auto_ok: bool) -> li
     return names
 
 
+def close_calls(rates: dict[str, float], shapes: list[str], margin: float) -> list[str]:
+    """The mars >= strict pairs the sweep cannot tell apart: the shapes ("k1", ..., "tree"), in order,
+    whose sweep ratio mars / strict of median tokens/s lies within ``margin`` of 1.  Both systems of
+    such a pair join the head-to-head, so its bar is judged on the head-to-head's many calls instead of
+    the sweep's few; a pair clearly above or below 1 keeps the sweep's verdict (margin 0: none)."""
+    out = []
+    for shape in shapes:
+        m, s = rates.get(f"mars_{shape}"), rates.get(f"strict_{shape}")
+        if m is not None and s and abs(m / s - 1) <= margin:
+            out.append(shape)
+    return out
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="default", choices=sorted(PRESETS))
@@ -261,6 +277,13 @@ def main(argv=None) -> dict:
         type=int,
         default=65536,
         help="where --confirm-calls is not given, B x new tokens x calls reaches this",
+    )
+    ap.add_argument(
+        "--confirm-margin",
+        type=float,
+        default=0.06,
+        help="a mars >= strict pair (a fixed K or the tree) whose sweep ratio is within this of 1 joins "
+        "the head-to-head, which then judges its bar (0: none; the sweep's A/A control reads 0.92-1.06)",
     )
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 3, 5, 7], help="fixed chain lengths")
     ap.add_argument("--tree", type=int, nargs=3, default=[4, 5, 24], metavar=("TOP_K", "DEPTH", "TOTAL"))
@@ -465,6 +488,8 @@ def main(argv=None) -> dict:
             "confirm": None,
         }
         names = confirm_systems(med, args.ks, auto_ok) if n_confirm(batch) else []
+        close = close_calls(med, [f"k{k}" for k in args.ks] + ["tree"], args.confirm_margin) if names else []
+        names += [n for shape in close for n in (f"strict_{shape}", f"mars_{shape}") if n not in names]
         if names:
             rec, drafted = head_to_head(batch, names)
             confirm[f"batch_{batch}"] = rec
@@ -474,6 +499,7 @@ def main(argv=None) -> dict:
                     n: round(sum(t for t, _ in r) / sum(x for _, x in r), 1) for n, r in rec.items()
                 },
                 "k_per_round": {n: k_summary(ks) for n, ks in drafted.items()},
+                "close_calls": close,
             }
 
     top = f"batch_{max_batch}"
