@@ -176,6 +176,9 @@ def test_scale_bench_quick_on_micro(micro_world, capsys):
             confirm["tokens_per_s"]
         )
         assert confirm["k_per_round"]["strict_auto"]["rounds"] > 0
+        for shape in confirm["close_calls"]:  # a close pair ran there and its bar was judged there
+            assert {f"strict_{shape}", f"mars_{shape}"} <= set(confirm["tokens_per_s"])
+            assert bars["batch_8"][f"mars_vs_strict_{shape}"]["judged_on"] == "confirm"
         assert bars["batch_8"]["strict_auto_vs_plain"]["confirm"]["n"] == 1
         assert bars["batch_8"]["strict_auto_vs_plain"]["judged_on"] == "confirm"
         assert floor["confirm"]["n"] == 1
