@@ -303,6 +303,10 @@ class KPlanner:
     the engine's last call."""
 
     exhausted = False  # every planner has it; only ``CycleK`` ever ends a call early
+    # a speculative round must beat the plain step's expected rate by this fraction to be chosen: the
+    # model's figures carry a few percent of error (its rounds against the calibration's, a shared
+    # machine's spells), and where the two are that close a wrong call costs drafting for nothing
+    margin = 0.05
 
     def __init__(
         self,
@@ -313,6 +317,7 @@ class KPlanner:
         explore_every: int = 16,
         explore_within: float = 0.1,
         speculative: int = 0,
+        margin: float | None = None,
     ):
         self.costs = costs
         self.k_max = k_max
@@ -322,6 +327,8 @@ class KPlanner:
         self.wait = probe_every
         self.explore_every = explore_every
         self.explore_within = explore_within
+        if margin is not None:
+            self.margin = margin
         # speculative rounds chosen so far, counted on from the engine's earlier calls where carried over:
         # a call of fewer than explore_every rounds (B = 1: ~13) would otherwise never explore; only a
         # call that ran long would, always near its end
@@ -346,6 +353,8 @@ class KPlanner:
         # = self.rate(rows, k, width), the seconds as round_seconds_upto(rows, k_max, width) gives them
         rates = [rows * n / max(b + s * width, 1e-9) for n, b, s in zip(tokens, base, slot, strict=True)]
         best = max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
+        if best > 0 and rates[best] < rates[0] * (1 + self.margin):
+            best = 0  # within the model's error of a plain step
         if best > 0:
             self.plain_run = 0
             self.speculative += 1

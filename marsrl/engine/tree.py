@@ -69,7 +69,7 @@ def draft_tree(eagle, cfg: TreeConfig, dtype: torch.dtype) -> DraftTree:
         )
         zero = torch.zeros((), dtype=dtype, device=dev)
         mask = torch.where(allowed, zero, torch.finfo(dtype).min).unsqueeze(1)
-        pos = (eagle.cache.lengths + d - 1).unsqueeze(1).expand(bsz, k)
+        pos = (eagle.positions + d - 1).unsqueeze(1).expand(bsz, k)
         logits, hidden = drafter(tok_target, frontier_h, pos, eagle.cache.cache, mask)
         forwards += 1
         child = torch.log_softmax(logits.float(), -1).topk(k, -1)  # [B, k, k]

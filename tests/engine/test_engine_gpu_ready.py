@@ -151,6 +151,63 @@ def test_pairs_appended_over_plain_steps_absorb_like_pairs_absorbed_each_round(q
     torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-5)
 
 
+def test_window_keeps_the_last_pairs_at_their_true_positions(qwen):
+    """A run of plain steps leaves more pending pairs than ``drafter_window``: the drafter absorbs each
+    row's last ``window`` of them, at the positions they have in the sequence.  Reference: a state
+    without a window given only those pairs, its positions offset by the pairs left out by hand."""
+    from marsrl.engine.engine import _EagleState
+
+    head = Eagle3Drafter.from_target(qwen)
+    torch.manual_seed(2)
+    n, window = 12, 4
+    feats = torch.randn(2, 3 + n, 3 * qwen.config.hidden_size)
+    tokens = torch.randint(0, 64, (2, 3 + n))
+    dev = torch.device("cpu")
+    full = _EagleState(head)  # every pair absorbed
+    windowed = _EagleState(head, window)
+    for st in (full, windowed):
+        st.start(2, dev, feats[:, :3], tokens[:, :3], torch.tensor([3, 2]), [3, 2], 64)
+        st.absorb()
+        for j in range(n):  # plain steps: one pair each, appended
+            st.pend(
+                feats[:, 3 + j : 4 + j],
+                tokens[:, 3 + j : 4 + j],
+                torch.ones(2, dtype=torch.long),
+                [1, 1],
+                append=True,
+            )
+    outs = {name: st.absorb() for name, st in (("full", full), ("windowed", windowed))}
+    assert windowed.skipped_pairs == 2 * (n - window) and full.skipped_pairs == 0
+    assert torch.equal(windowed.positions, full.positions)  # the next draft sits where it belongs
+    assert torch.equal(full.cache.lengths - windowed.cache.lengths, torch.tensor([n - window] * 2))
+
+    ref = _EagleState(head)
+    ref.start(2, dev, feats[:, :3], tokens[:, :3], torch.tensor([3, 2]), [3, 2], 64)
+    ref.absorb()
+    ref.skipped = torch.full((2,), n - window)  # each row's first n - window plain-step pairs
+    kept = slice(3 + n - window, 3 + n)
+    ref.pend(feats[:, kept], tokens[:, kept], torch.tensor([window, window]), [window, window])
+    h, lg = ref.absorb()
+    torch.testing.assert_close(outs["windowed"][0], h, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs["windowed"][1], lg, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(outs["full"][1], lg, atol=1e-4)  # the skipped context did matter
+
+
+def test_auto_strict_greedy_equals_hf_after_windowed_plain_runs(target):
+    """Width-proportional costs: plain steps win after the first round, with a probe after every run of
+    8 (then 16): runs longer than the window, so the drafter skips pairs before each probe; strict
+    greedy still equals HF greedy token for token."""
+    head = Eagle3Drafter.from_target(target)
+    cfg = EngineConfig(num_draft_tokens="auto", max_draft_tokens=3)
+    costs = CostModel(rounds={1: {k: float(k + 1) for k in range(4)}})
+    eng = SpeculativeEngine(target, head, cfg, cost_model=costs)
+    out = eng.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=40, ignore_eos=True))
+    assert [t.completion_ids for t in out] == hf_greedy(target, PROMPTS, 40)
+    ks = eng.stats["k_per_round"]
+    assert ks.count(0) > 20 and sum(1 for k in ks[1:] if k) >= 2, ks
+    assert eng.stats["drafter_pairs_skipped"] > 0
+
+
 # ---------------------------------------------------------------------------------- adaptive speculation
 # a cost model where a round drafting k tokens costs 1.3 + 0.35 k: the best k moves with the acceptance
 # estimates, so K varies between rounds
@@ -293,7 +350,22 @@ def test_planner_choice_equals_the_argmax_of_per_k_reference_rates():
         rows = rng.randint(1, 200)
         ref = [_reference_rate(costs, est, rows, k) for k in range(k_max + 1)]
         assert [planner.rate(rows, k) for k in range(k_max + 1)] == ref
-        assert planner.choose(rows) == max(range(k_max + 1), key=lambda k: (ref[k], -k))
+        best = max(range(k_max + 1), key=lambda k: (ref[k], -k))
+        if best and ref[best] < ref[0] * (1 + KPlanner.margin):
+            best = 0  # a speculative round must beat the plain step by the margin
+        assert planner.choose(rows) == best
+
+
+def test_planner_speculates_only_past_the_margin():
+    """Acceptance 1/2 at every position (a flat prior), plain step 1 s: a k = 1 round that costs 1.5 /
+    1.02 s (expected 1.5 tokens) beats plain by 0 / 47% of its rate; the first stays plain under the 5%
+    margin, the second drafts, and so does the first once the margin is 0."""
+    from marsrl.engine.adaptive import KPlanner
+
+    for k1, margin, want in ((1.5, None, 0), (1.02, None, 1), (1.45, 0.0, 1)):
+        planner = KPlanner(CostModel(rounds={1: {0: 1.0, 1: k1}}), 1, probe_every=10**9, margin=margin)
+        planner.first = False
+        assert planner.choose(1) == want, (k1, margin)
 
 
 def test_auto_config_errors():
@@ -304,6 +376,14 @@ def test_auto_config_errors():
     with pytest.raises(ValueError, match='num_draft_tokens must be an int >= 1 or "auto"'):
         EngineConfig(num_draft_tokens="7")
     assert EngineConfig(num_draft_tokens="auto").max_draft_tokens == 7
+    assert EngineConfig(num_draft_tokens="auto", max_draft_tokens=4).drafter_window == 5
+    assert EngineConfig(num_draft_tokens="auto", drafter_window=0).drafter_window == 0
+    with pytest.raises(
+        ValueError, match=r"drafter_window must be 0 \(no window\) or an int >= max_draft_tokens \+ 1 = 5"
+    ):
+        EngineConfig(num_draft_tokens="auto", max_draft_tokens=4, drafter_window=4)
+    with pytest.raises(ValueError, match="drafter_window is only"):
+        EngineConfig(num_draft_tokens=3, drafter_window=8)
 
 
 @pytest.mark.parametrize("mode", ["plain", "chain", "tree"])
