@@ -5,7 +5,9 @@ engine drafts the k in {0, ..., K} that maximises expected tokens per second for
 
     E[tokens | k] = 1 + sum_{j=1..k} prod_{i<=j} a_i        (a_i: P(draft i accepted | drafts < i were))
 
-k = 0 is a plain step (one target forward, no drafter).  t_round comes from a ``CostModel`` measured on
+k = 0 is a plain step (one target forward, no drafter; after a run of them the drafter absorbs only each
+row's last ``EngineConfig.drafter_window`` pairs, so a plain step costs the next speculative round no more
+than one round's absorb).  t_round comes from a ``CostModel`` measured on
 the engine's own models (``SpeculativeEngine.calibrate``: whole rounds timed at each k over a grid of
 live batch sizes, so drafting, verification and the host's bookkeeping are all in it), once per engine;
 every call's measured rounds then set each batch size's level, all k alike, and never the ratios
@@ -303,10 +305,6 @@ class KPlanner:
     the engine's last call."""
 
     exhausted = False  # every planner has it; only ``CycleK`` ever ends a call early
-    # a speculative round must beat the plain step's expected rate by this fraction to be chosen: the
-    # model's figures carry a few percent of error (its rounds against the calibration's, a shared
-    # machine's spells), and where the two are that close a wrong call costs drafting for nothing
-    margin = 0.05
 
     def __init__(
         self,
@@ -317,7 +315,6 @@ class KPlanner:
         explore_every: int = 16,
         explore_within: float = 0.1,
         speculative: int = 0,
-        margin: float | None = None,
     ):
         self.costs = costs
         self.k_max = k_max
@@ -327,8 +324,6 @@ class KPlanner:
         self.wait = probe_every
         self.explore_every = explore_every
         self.explore_within = explore_within
-        if margin is not None:
-            self.margin = margin
         # speculative rounds chosen so far, counted on from the engine's earlier calls where carried over:
         # a call of fewer than explore_every rounds (B = 1: ~13) would otherwise never explore; only a
         # call that ran long would, always near its end
@@ -353,8 +348,6 @@ class KPlanner:
         # = self.rate(rows, k, width), the seconds as round_seconds_upto(rows, k_max, width) gives them
         rates = [rows * n / max(b + s * width, 1e-9) for n, b, s in zip(tokens, base, slot, strict=True)]
         best = max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
-        if best > 0 and rates[best] < rates[0] * (1 + self.margin):
-            best = 0  # within the model's error of a plain step
         if best > 0:
             self.plain_run = 0
             self.speculative += 1
