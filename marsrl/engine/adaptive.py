@@ -5,9 +5,9 @@ engine drafts the k in {0, ..., K} that maximises expected tokens per second for
 
     E[tokens | k] = 1 + sum_{j=1..k} prod_{i<=j} a_i        (a_i: P(draft i accepted | drafts < i were))
 
-k = 0 is a plain step (one target forward, no drafter; after a run of them the drafter absorbs only each
-row's last ``EngineConfig.drafter_window`` pairs, so a plain step costs the next speculative round no more
-than one round's absorb).  t_round comes from a ``CostModel`` measured on
+k = 0 is a plain step (one target forward, no drafter: the drafter absorbs the run's pairs with the next
+speculative round, every one of them or each row's last ``EngineConfig.drafter_window``).  t_round
+comes from a ``CostModel`` measured on
 the engine's own models (``SpeculativeEngine.calibrate``: whole rounds timed at each k over a grid of
 live batch sizes, so drafting, verification and the host's bookkeeping are all in it), once per engine;
 every call's measured rounds then set each batch size's level, all k alike, and never the ratios

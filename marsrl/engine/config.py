@@ -47,11 +47,11 @@ class EngineConfig:
     # fixed, so every call with the same inputs and seed repeats the same K sequence)
     adapt_costs: bool = True
     # "auto": after a run of plain steps the drafter absorbs only each row's last ``drafter_window``
-    # committed pairs and skips the older ones (their positions still count), so a plain step costs what
-    # a plain engine's does instead of a draft step later; None = max_draft_tokens + 1 (the most one
-    # round commits), 0 = absorb every pair.  Drafts only: verification, and strict's exactness, never
-    # depend on it
-    drafter_window: int | None = None
+    # committed pairs and skips the older ones (their positions still count), so the next speculative
+    # round does not pay a draft step for every plain step before it, at the price of drafts made
+    # without that context; 0 (default) absorbs every pair, else at least max_draft_tokens + 1 (the most
+    # one round commits).  Drafts only: verification, and strict's exactness, never depend on it
+    drafter_window: int = 0
     # chain drafting stops early for a row once the draft's own probability of its chain so far (the
     # product of its per-token probabilities) falls below this; the row still verifies the token drafted
     # last.  0 = always K drafts.  Only for an EAGLE-3 chain; the draft's confidence never touches the
@@ -99,9 +99,7 @@ class EngineConfig:
                     'num_draft_tokens="auto" and draft_confidence both size the chain: set draft_confidence=0'
                 )
             w = self.drafter_window
-            if w is None:
-                object.__setattr__(self, "drafter_window", self.max_draft_tokens + 1)
-            elif isinstance(w, bool) or not isinstance(w, int) or (w != 0 and w < self.max_draft_tokens + 1):
+            if isinstance(w, bool) or not isinstance(w, int) or (w != 0 and w < self.max_draft_tokens + 1):
                 raise ValueError(
                     f"drafter_window must be 0 (no window) or an int >= max_draft_tokens + 1 = "
                     f"{self.max_draft_tokens + 1} (one round's pairs), got {w!r}"
@@ -112,8 +110,8 @@ class EngineConfig:
             raise ValueError(f"num_draft_tokens must be >= 1, got {k}")
         elif self.max_draft_tokens is not None:
             raise ValueError('max_draft_tokens is only for num_draft_tokens="auto"; set it to None')
-        elif self.drafter_window is not None:
-            raise ValueError('drafter_window is only for num_draft_tokens="auto"; set it to None')
+        elif self.drafter_window:
+            raise ValueError('drafter_window is only for num_draft_tokens="auto"; set it to 0')
         if not 0.0 <= self.draft_confidence < 1.0:
             raise ValueError(f"draft_confidence must be in [0, 1), got {self.draft_confidence}")
         if self.tree is not None and self.draft_confidence > 0:

@@ -198,7 +198,7 @@ def test_auto_strict_greedy_equals_hf_after_windowed_plain_runs(target):
     8 (then 16): runs longer than the window, so the drafter skips pairs before each probe; strict
     greedy still equals HF greedy token for token."""
     head = Eagle3Drafter.from_target(target)
-    cfg = EngineConfig(num_draft_tokens="auto", max_draft_tokens=3)
+    cfg = EngineConfig(num_draft_tokens="auto", max_draft_tokens=3, drafter_window=4)
     costs = CostModel(rounds={1: {k: float(k + 1) for k in range(4)}})
     eng = SpeculativeEngine(target, head, cfg, cost_model=costs)
     out = eng.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=40, ignore_eos=True))
@@ -361,8 +361,8 @@ def test_auto_config_errors():
     with pytest.raises(ValueError, match='num_draft_tokens must be an int >= 1 or "auto"'):
         EngineConfig(num_draft_tokens="7")
     assert EngineConfig(num_draft_tokens="auto").max_draft_tokens == 7
-    assert EngineConfig(num_draft_tokens="auto", max_draft_tokens=4).drafter_window == 5
-    assert EngineConfig(num_draft_tokens="auto", drafter_window=0).drafter_window == 0
+    assert EngineConfig(num_draft_tokens="auto").drafter_window == 0  # every pair absorbed
+    assert EngineConfig(num_draft_tokens="auto", max_draft_tokens=4, drafter_window=5).drafter_window == 5
     with pytest.raises(
         ValueError, match=r"drafter_window must be 0 \(no window\) or an int >= max_draft_tokens \+ 1 = 5"
     ):
