@@ -56,6 +56,9 @@ def heldout_loss(model, head, seqs, plens):
         ].item()
 
 
+# 85 s: train_offline, DraftTrainer and refresh_draft are tested on a smaller model in
+# tests/drafter/test_train_quality.py; this is the same path on the embedded world (pytest -m slow)
+@pytest.mark.slow
 def test_training_and_refresh_on_the_micro_world(setup):
     target, tok, train_prompts, held_prompts = setup
     seqs, plens, trajs = rollouts(target, tok, train_prompts, seed=1)
