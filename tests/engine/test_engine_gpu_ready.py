@@ -177,6 +177,17 @@ def test_window_keeps_the_last_pairs_at_their_true_positions(qwen):
                 append=True,
             )
     outs = {name: st.absorb() for name, st in (("full", full), ("windowed", windowed))}
+    # the buffer, grown past its room several times, against absorbing each pair as it comes
+    stepwise = _EagleState(head)
+    stepwise.start(2, dev, feats[:, :3], tokens[:, :3], torch.tensor([3, 2]), [3, 2], 64)
+    stepwise.absorb()
+    for j in range(n):
+        stepwise.pend(
+            feats[:, 3 + j : 4 + j], tokens[:, 3 + j : 4 + j], torch.ones(2, dtype=torch.long), [1, 1]
+        )
+        h_step, lg_step = stepwise.absorb()
+    torch.testing.assert_close(outs["full"][0], h_step, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs["full"][1], lg_step, rtol=1e-5, atol=1e-5)
     assert windowed.skipped_pairs == 2 * (n - window) and full.skipped_pairs == 0
     assert torch.equal(windowed.positions, full.positions)  # the next draft sits where it belongs
     assert torch.equal(full.cache.lengths - windowed.cache.lengths, torch.tensor([n - window] * 2))
