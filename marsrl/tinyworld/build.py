@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3Config
 
@@ -177,18 +178,26 @@ def build_tinyworld(
     if seed is not None:
         cfg = replace(cfg, seed=seed)
     final = Path(out) if out is not None else world_dir(cfg)
-    meta_file = final / "metadata.json"
-    if meta_file.is_file() and not force:
-        meta = json.loads(meta_file.read_text())
-        if meta.get("fingerprint") == cfg.fingerprint():
+    if not force and _is_built(final, cfg):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # One builder per folder: a second process (another test worker, another rank) waits for the
+    # first and then reuses its world instead of building the same one into the same ".partial".
+    with FileLock(str(final.with_name(final.name + ".lock"))):
+        if not force and _is_built(final, cfg):
             return final
-    previous_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        return _build(cfg, final, progress)
-    finally:
-        torch.set_num_threads(previous_threads)
+        previous_threads = torch.get_num_threads()
+        if threads is not None:
+            torch.set_num_threads(threads)
+        try:
+            return _build(cfg, final, progress)
+        finally:
+            torch.set_num_threads(previous_threads)
+
+
+def _is_built(final: Path, cfg: TinyWorldConfig) -> bool:
+    meta_file = final / "metadata.json"
+    return meta_file.is_file() and json.loads(meta_file.read_text()).get("fingerprint") == cfg.fingerprint()
 
 
 def _build(cfg: TinyWorldConfig, final: Path, progress: bool) -> Path:

@@ -45,6 +45,7 @@ def test_strict_sampling_matches_exact_joint(small, name):
     }
     cfg = CONFIGS.get(name) or extra[name]
     cfg = EngineConfig(**{**cfg.__dict__, "max_batch_size": 60_000})
+    torch.manual_seed(0)  # the random head: the same one whatever ran before in this process
     head = Eagle3Drafter.from_target(small)
     eng = SpeculativeEngine(small, head, cfg)
     assert_distribution(sample_index(eng), exact_joint(small), name)

@@ -74,3 +74,34 @@ def test_rebuild_is_deterministic(tmp_path):
     meta_a, meta_b = (json.loads((p / "metadata.json").read_text()) for p in (path, again))
     assert meta_a["fingerprint"] == meta_b["fingerprint"] == cfg.fingerprint()
     assert meta_a["sft"] == meta_b["sft"]  # the same loss curve figures
+
+
+def test_concurrent_builders_build_once(tmp_path, monkeypatch):
+    """Two builders of one folder at once (two test workers, two ranks): the second waits on the
+    folder's lock and reuses the first's world instead of building into the same ``.partial``."""
+    import threading
+
+    from marsrl.tinyworld import build as build_mod
+
+    cfg = PRESETS["micro"]
+    calls, inside = [], []
+
+    def fake_build(cfg, final, progress):  # the real one takes ~40 s; this records overlap
+        inside.append(1)
+        calls.append(len(inside))  # how many builders were inside at once
+        time.sleep(0.5)
+        final.mkdir(parents=True)
+        (final / "metadata.json").write_text(json.dumps({"fingerprint": cfg.fingerprint()}))
+        inside.pop()
+        return final
+
+    monkeypatch.setattr(build_mod, "_build", fake_build)
+    out = tmp_path / "world"
+    got = []
+    build = lambda: got.append(build_tinyworld(cfg, out, progress=False))  # noqa: E731
+    threads = [threading.Thread(target=build) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [1] and got == [out, out]
