@@ -25,6 +25,15 @@ own outcomes and its seed, and the same engine reproduces the same K sequence.  
 depend on k: every round is verified by the same rule, and a chain of any length (0 included) is
 lossless under strict.
 
+The workload's check (``SpeedCheck``, ``EngineConfig(speed_check=True)``, the default with
+``adapt_costs``): the levels move every k alike, so an error of the calibration in the ratio of a
+speculative round to a plain step stays.  Where that ratio decides (the two kinds within
+``explore_within`` of each other: strict at 128 rows on this project's CPU, where the calibration's
+few-percent error flipped the choice and auto read 0.89-0.93x plain) each round's measured seconds
+are set against its prediction per kind, the predicted seconds of every k >= 1 are multiplied by the
+measured ratio of the two kinds, and every ``tie_every``-th near-tie round at a batch size runs the
+kind the model ranks second, so that both are measured.
+
 Exploration: a round learns nothing about the positions past its k.  So after ``probe_every`` plain rounds
 in a row the engine drafts once at the best k >= 1 (each probe that still loses to plain doubles the
 wait), and every ``explore_every``-th speculative round (counted over the engine's calls: a call at
@@ -186,7 +195,7 @@ class CostModel:
         for _, live, k, seconds, width in trace:
             if live < 1 or k not in self.rounds[grid[0]]:
                 continue
-            r = min(grid, key=lambda g: abs(math.log(g / live)))
+            r = nearest_size(grid, live)
             scaled = seconds * seconds_of(at(r), k, width) / seconds_of(at(live), k, width)
             groups.setdefault(r, []).append(scaled / seconds_of(calibrated[r], k, width))
         for r, ratios in groups.items():
@@ -298,6 +307,73 @@ class AcceptanceEstimates:
         return out
 
 
+def nearest_size(grid: list[int], rows: int) -> int:
+    """The measured batch size nearest to ``rows`` live rows, in log scale (grid sorted, non-empty)."""
+    return min(grid, key=lambda g: abs(math.log(g / max(rows, 1))))
+
+
+class SpeedCheck:
+    """The workload's word on the one ratio the calibration can get wrong where it matters: speculative
+    rounds against plain steps.  Each round's measured seconds over the seconds the planner predicted for
+    it (the levelled model at its rows, k and width) is kept per measured batch size (``nearest_size``)
+    and kind (plain step or speculative round), the last ``window`` of each; ``factor(size)`` is then
+
+        (sum of speculative rounds' seconds / sum of their predictions)
+        / (sum of plain steps' seconds / sum of their predictions)
+
+    and the planner multiplies its predicted seconds for every k >= 1 by it.  1.0 until both kinds have
+    ``least`` rounds at the size, so where the model is clear (only one kind ever chosen) nothing
+    changes; it acts where the planner alternates, in the near-ties a few percent of model error decides.
+    Sums, not medians: a speculative round right after a run of plain steps absorbs every pair the run
+    left, a cost the calibration never sees (its cycles leave at most two pairs pending) but a real one
+    of switching, and a throughput is a ratio of sums.  Each round counts at most ``cap`` times its
+    prediction, so one stall of the machine (a page fault, another process) cannot swing the factor.
+
+    Why both kinds and a ratio: a shared machine's pace moves every round alike, and that cancels; the
+    two kinds are interleaved in time wherever the factor acts.  Why not the per-k figures: judging each
+    k by the rounds it was chosen in steepened the model's line (``CostModel``); here every k >= 1 shares
+    one factor, so the line's shape stays the calibration's.  Carried over calls with the acceptance
+    estimates (``EngineConfig(adapt_costs=False)`` turns it off: it reads the clock, so the K sequence
+    would no longer be a function of the seed)."""
+
+    def __init__(self, window: int = 64, least: int = 8, cap: float = 3.0):
+        self.window, self.least, self.cap = window, least, cap
+        self.rounds: dict[tuple[int, bool], list[tuple[float, float]]] = {}
+
+    def add(self, size: int, speculative: bool, seconds: float, predicted: float) -> None:
+        kept = self.rounds.setdefault((size, speculative), [])
+        kept.append((min(seconds, self.cap * predicted), predicted))
+        del kept[: -self.window]
+
+    def ratio(self, size: int, speculative: bool) -> float | None:
+        """Measured over predicted seconds of one kind at one size, None under ``least`` rounds."""
+        kept = self.rounds.get((size, speculative), [])
+        if len(kept) < self.least:
+            return None
+        return sum(t for t, _ in kept) / max(sum(p for _, p in kept), 1e-12)
+
+    def factor(self, size: int) -> float:
+        spec, plain = self.ratio(size, True), self.ratio(size, False)
+        return spec / plain if spec is not None and plain is not None else 1.0
+
+    def carried(self) -> SpeedCheck:
+        out = SpeedCheck(self.window, self.least, self.cap)
+        out.rounds = {key: list(v) for key, v in self.rounds.items()}
+        return out
+
+    def to_dict(self) -> dict:
+        sizes = sorted({s for s, _ in self.rounds})
+        return {
+            str(s): {
+                "factor": self.factor(s),
+                "plain": self.ratio(s, False),
+                "speculative": self.ratio(s, True),
+                "rounds": [len(self.rounds.get((s, False), [])), len(self.rounds.get((s, True), []))],
+            }
+            for s in sizes
+        }
+
+
 class KPlanner:
     """Chooses each round's k; one per ``generate`` call.  Its estimates start from the prior, or from
     ``estimates`` carried over from the engine's earlier calls (then no exploring first round), and its
@@ -315,6 +391,8 @@ class KPlanner:
         explore_every: int = 16,
         explore_within: float = 0.1,
         speculative: int = 0,
+        speed: SpeedCheck | None = None,
+        tie_every: int = 8,
     ):
         self.costs = costs
         self.k_max = k_max
@@ -330,6 +408,12 @@ class KPlanner:
         self.speculative = speculative
         # CostModel.tables per live batch size: the model changes only between calls (``observe``)
         self._tables: dict[int, tuple[list[float], list[float]]] = {}
+        # measured against predicted seconds (``timed``); None: the choice never reads the clock
+        self.speed = speed
+        self.tie_every = tie_every
+        self._ties: dict[int, int] = {}  # near-tie rounds so far at each measured batch size
+        self._grid = sorted(costs.rounds)
+        self._last: tuple[int, int, float] | None = None  # the chosen round: (size, k, predicted seconds)
 
     def rate(self, rows: int, k: int, width: int = 0) -> float:
         """Expected tokens per second of a round with k drafts for ``rows`` live rows over a cache
@@ -345,8 +429,24 @@ class KPlanner:
         if rows not in self._tables:
             self._tables[rows] = self.costs.tables(rows, self.k_max)
         base, slot = self._tables[rows]
-        # = self.rate(rows, k, width), the seconds as round_seconds_upto(rows, k_max, width) gives them
-        rates = [rows * n / max(b + s * width, 1e-9) for n, b, s in zip(tokens, base, slot, strict=True)]
+        # = self.rate(rows, k, width), the seconds as round_seconds_upto(rows, k_max, width) gives them,
+        # every k >= 1 times the workload's speculative-against-plain factor where one is measured
+        seconds = [max(b + s * width, 1e-9) for b, s in zip(base, slot, strict=True)]
+        size = nearest_size(self._grid, rows) if self._grid else rows
+        f = self.speed.factor(size) if self.speed is not None else 1.0
+        rates = [rows * n / (t * f if k else t) for k, (n, t) in enumerate(zip(tokens, seconds, strict=True))]
+        k = self._pick(rates, size)
+        self._last = (size, k, seconds[k])
+        return k
+
+    def _pick(self, rates: list[float], size: int) -> int:
+        if self.speed is not None:  # a near tie between the kinds: measure the runner-up now and then
+            spec = max(range(1, self.k_max + 1), key=lambda k: (rates[k], -k))
+            low, high = sorted((rates[0], rates[spec]))
+            if low >= high * (1 - self.explore_within):
+                self._ties[size] = self._ties.get(size, 0) + 1
+                if self._ties[size] % self.tie_every == 0:
+                    return spec if rates[0] >= rates[spec] else 0
         best = max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
         if best > 0:
             self.plain_run = 0
@@ -368,6 +468,13 @@ class KPlanner:
             if d:
                 self.estimates.update(d, a)
 
+    def timed(self, seconds: float) -> None:
+        """The wall seconds of the round last chosen (the engine calls this after every round)."""
+        if self.speed is not None and self._last is not None:
+            size, k, predicted = self._last
+            self.speed.add(size, k > 0, seconds, predicted)
+        self._last = None
+
 
 class FixedK:
     """A planner that always drafts k (the calibration's warm-up call; tests)."""
@@ -381,6 +488,9 @@ class FixedK:
         return self.k
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
+        pass
+
+    def timed(self, seconds: float) -> None:
         pass
 
 
@@ -403,4 +513,7 @@ class CycleK:
         return k
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
+        pass
+
+    def timed(self, seconds: float) -> None:
         pass

@@ -46,6 +46,11 @@ class EngineConfig:
     # start each call's acceptance estimates and exploration count from the last call's (False: all
     # fixed, so every call with the same inputs and seed repeats the same K sequence)
     adapt_costs: bool = True
+    # "auto" with adapt_costs: measure each round's seconds against the model's prediction, per kind
+    # (plain step or speculative round), and correct the model's speculative-against-plain ratio from
+    # them where the two kinds are near a tie (``marsrl.engine.adaptive.SpeedCheck``); False: the
+    # calibrated ratio alone decides
+    speed_check: bool = True
     # "auto": after a run of plain steps the drafter absorbs only each row's last ``drafter_window``
     # committed pairs and skips the older ones (their positions still count), so the next speculative
     # round does not pay a draft step for every plain step before it, at the price of drafts made
@@ -112,6 +117,8 @@ class EngineConfig:
             raise ValueError('max_draft_tokens is only for num_draft_tokens="auto"; set it to None')
         elif self.drafter_window:
             raise ValueError('drafter_window is only for num_draft_tokens="auto"; set it to 0')
+        if not isinstance(self.speed_check, bool):
+            raise ValueError(f"speed_check must be True or False, got {self.speed_check!r}")
         if not 0.0 <= self.draft_confidence < 1.0:
             raise ValueError(f"draft_confidence must be in [0, 1), got {self.draft_confidence}")
         if self.tree is not None and self.draft_confidence > 0:

@@ -37,7 +37,7 @@ import torch
 from ..trajectory import PER_TOKEN_FIELDS, Trajectory
 from ..verify import Provenance, sample_plain, verify_chain, verify_tree
 from ..verify.dist import sample_from_weights
-from .adaptive import CostModel, CycleK, FixedK, KPlanner, context_slope
+from .adaptive import CostModel, CycleK, FixedK, KPlanner, SpeedCheck, context_slope
 from .attention import check_attention, target_attention
 from .cache import RaggedCache
 from .config import EngineConfig, SamplingParams
@@ -108,6 +108,7 @@ class SpeculativeEngine:
         self.cost_model = cost_model
         self._acceptance = None  # auto: the last call's acceptance estimates, the next call's start
         self._speculative = 0  # auto: speculative rounds so far, which time the planner's exploration
+        self._speed = None  # auto: the last call's SpeedCheck (measured against predicted round seconds)
         self._eagle = None
         check_attention(target)
         if drafter is not None and not hasattr(drafter, "propose"):
@@ -160,16 +161,23 @@ class SpeculativeEngine:
             if self.cost_model is None:  # measured once, on this call's prompts
                 self.cost_model = self.calibrate(prompts=prompts)
             carry = self._acceptance is not None and self.config.adapt_costs
+            speed = None  # the choice never reads the clock
+            if self.config.adapt_costs and self.config.speed_check:
+                speed = self._speed.carried() if self._speed is not None else SpeedCheck()
             planner = KPlanner(
                 self.cost_model,
                 self.config.max_draft_tokens,
                 estimates=self._acceptance.carried() if carry else None,
                 speculative=self._speculative if carry else 0,
+                speed=speed,
             )
         out = self._generate(prompts, sampling, planner)
         if planner is not None and self.config.adapt_costs:
             self.cost_model.observe(self.stats["trace"])
             self._acceptance, self._speculative = planner.estimates, planner.speculative
+            self._speed = planner.speed
+            if planner.speed is not None:
+                self.stats["speed_check"] = planner.speed.to_dict()
         return out
 
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams, planner) -> list[Trajectory]:
@@ -303,9 +311,10 @@ class SpeculativeEngine:
             if planner is not None:
                 per_row = [drafted] * len(rows) if isinstance(drafted, int) else drafted
                 planner.observe(per_row, [n - 1 for n in host["num_emitted"]])
-            totals["trace"].append(
-                [round_start - self._t0, len(rows), width, time.perf_counter() - round_start, context]
-            )
+            seconds = time.perf_counter() - round_start
+            totals["trace"].append([round_start - self._t0, len(rows), width, seconds, context])
+            if planner is not None:
+                planner.timed(seconds)
             if planner is not None and planner.exhausted:  # a calibration run has what it needs
                 break
         totals["cache_bytes_copied"] += tcache.bytes_copied

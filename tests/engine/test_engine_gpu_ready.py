@@ -380,6 +380,8 @@ def test_auto_config_errors():
         EngineConfig(num_draft_tokens="auto", max_draft_tokens=4, drafter_window=4)
     with pytest.raises(ValueError, match="drafter_window is only"):
         EngineConfig(num_draft_tokens=3, drafter_window=8)
+    with pytest.raises(ValueError, match="speed_check must be True or False, got 'no'"):
+        EngineConfig(num_draft_tokens="auto", speed_check="no")
 
 
 @pytest.mark.parametrize("mode", ["plain", "chain", "tree"])
@@ -758,3 +760,94 @@ def test_cache_select_compacts_leaving_rows_in_place(shift):
     assert cache.cache.layers[0].keys.data_ptr() != buf
     copied = cache.cache.layers[0].keys[:, :, : cache.width]
     assert torch.equal(copied[1], copied[0]) and torch.equal(copied[0], k[keep[0]][:, moved:])
+
+
+def test_speed_check_is_measured_over_predicted_per_kind_and_size():
+    from marsrl.engine.adaptive import SpeedCheck
+
+    check = SpeedCheck(window=16, least=4, cap=3.0)
+    for _ in range(3):
+        check.add(128, False, 2.0, 2.0)
+        check.add(128, True, 6.0, 5.0)
+    assert check.factor(128) == 1.0  # under `least` rounds of each kind: no word yet
+    check.add(128, False, 2.0, 2.0)
+    check.add(128, True, 6.0, 5.0)
+    assert check.factor(128) == pytest.approx(1.2)
+    assert check.factor(64) == 1.0  # sizes are apart
+    # a stall counts at most `cap` times its prediction: 4 plain rounds of 2 s predicted, one of them 100 s
+    check.add(128, False, 100.0, 2.0)
+    assert check.ratio(128, False) == pytest.approx((4 * 2.0 + 6.0) / (5 * 2.0))
+    # sums, not medians: one slow round of five moves the ratio by its share
+    for _ in range(16):  # the window keeps only the last 16 of a kind
+        check.add(128, True, 5.0, 5.0)
+    assert check.ratio(128, True) == pytest.approx(1.0)
+    carried = check.carried()
+    check.add(128, True, 50.0, 5.0)
+    assert carried.ratio(128, True) == pytest.approx(1.0)  # a copy, not a view
+    assert set(check.to_dict()) == {"128"} and check.to_dict()["128"]["rounds"] == [5, 16]
+
+
+def _simulate(planner, costs, spec_slowdown: float, rounds: int, accept_rate: float, seed: int = 0):
+    """Rounds of one live row over an empty cache: each takes the model's seconds for its k, times
+    ``spec_slowdown`` where k >= 1 (what the calibration missed); each draft accepted with
+    ``accept_rate`` (seeded), the first rejection ending the chain.  The chosen k's."""
+    import random
+
+    rng = random.Random(seed)
+    ks = []
+    for _ in range(rounds):
+        k = planner.choose(1, 0)
+        accepted = 0
+        while accepted < k and rng.random() < accept_rate:
+            accepted += 1
+        planner.observe([k], [accepted])
+        planner.timed(costs.round_seconds(1, k) * (spec_slowdown if k else 1.0))
+        ks.append(k)
+    return ks
+
+
+def test_planner_turns_to_plain_where_speculative_rounds_run_slower_than_the_model_says():
+    """The near tie of strict at B = 128 on this CPU: at acceptance 0.7 the model puts k = 2 (2.0 s a
+    round, 2.19 tokens) at 1.095 tokens/s against the plain step's 1.0, within 10%: the planner drafts
+    k = 2 and measures a plain step every 8th such round.  If speculative rounds really take 1.25x their
+    prediction (k = 2 at 0.88 tokens/s: plain wins), the SpeedCheck sees it and the planner turns to
+    plain; without it the model alone keeps drafting; with a truthful clock the choice stays k = 2 but
+    for the tie's plain steps.  Seed 0, 600 rounds of one row; judged on the last 300."""
+    from marsrl.engine.adaptive import AcceptanceEstimates, KPlanner, SpeedCheck
+
+    costs = CostModel(rounds={1: {0: 1.0, 1: 1.6, 2: 2.0, 3: 2.4}})
+    shares = {}
+    for slowdown in (1.25, 1.0):
+        for speed in (SpeedCheck(), None):
+            est = AcceptanceEstimates(3)
+            est.accepted, est.reached = [70.0, 70.0, 70.0], [100.0, 100.0, 100.0]
+            planner = KPlanner(costs, 3, estimates=est, speed=speed)
+            ks = _simulate(planner, costs, slowdown, 600, 0.7)[300:]
+            shares[slowdown, speed is not None] = sum(k > 0 for k in ks) / len(ks)
+    assert shares[1.25, True] < 0.1, shares  # measured: speculation loses, and plain is chosen
+    assert shares[1.25, False] > 0.95, shares  # the model alone keeps drafting
+    assert shares[1.0, False] > 0.95, shares
+    assert 0.8 < shares[1.0, True] < 0.95, shares  # a right model's choice kept, a plain step in 8 ties
+
+
+def test_engine_carries_its_speed_check_unless_turned_off(qwen):
+    """With the defaults an auto call times every round but the exploring first one against the model
+    and carries the SpeedCheck to the next call (its rounds add up over calls); speed_check=False or
+    adapt_costs=False leave it out: no stats entry, nothing carried."""
+    head = Eagle3Drafter.from_target(qwen)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=10, n=2, ignore_eos=True, seed=3)
+    for opts in ({}, {"speed_check": False}, {"adapt_costs": False}):
+        costs = CostModel(rounds={1: {k: 1.0 + k for k in range(4)}, 4: {k: 1.0 + k for k in range(4)}})
+        cfg = EngineConfig(num_draft_tokens="auto", max_draft_tokens=3, **opts)
+        eng = SpeculativeEngine(qwen, head, cfg, cost_model=costs)
+        counted, rounds = [], []
+        for _ in range(2):
+            eng.generate([[1, 2, 3]], sp)
+            rounds.append(len(eng.stats["k_per_round"]))
+            if not opts:
+                kept = eng.stats["speed_check"]["1"]["rounds"]  # rows 2: nearest measured size is 1
+                counted.append(sum(kept))
+            else:
+                assert "speed_check" not in eng.stats and eng._speed is None
+        if not opts:  # the first call's first round explores (no prediction); the second's is planned
+            assert counted == [rounds[0] - 1, rounds[0] - 1 + rounds[1]], (counted, rounds)

@@ -1,0 +1,157 @@
+"""The adaptive mode with and without its SpeedCheck, head to head at one batch size (issue 12).
+
+    python bench/speed_check.py                 # default world, B = 128, 2 warm-up + 8 timed calls
+    python bench/speed_check.py --batch 32 --calls 16
+    python bench/speed_check.py --preset micro --batch 8 --calls 1 --warmup 1 --new-tokens 6  # smoke
+
+``num_draft_tokens="auto"`` chooses each round's k from a calibrated cost model; where plain steps and
+speculative rounds are within a few percent of each other (strict at B = 128 on this project's CPU),
+the calibration's error decides.  ``EngineConfig(speed_check=True)`` (the default) corrects the
+model's speculative-against-plain ratio from the workload's own rounds (``SpeedCheck``).  This bench
+runs, on the same prompts and seeds, interleaved call by call (the order rotated each call): marsrl
+plain, a fixed chain per rule (``--fixed``, K = 3: the best fixed mars system at B = 128 in
+``bench/scale.py`` runs so far), and for each rule ``auto`` with the check (``{rule}_auto``) and
+without it (``{rule}_auto_off``).  Every auto engine starts from its own copy of one calibration,
+and runs ``--warmup`` untimed calls first (an RL run's engines carry their state from call to call).
+
+Reports each system's tokens/s over all its timed calls, and ratios with 90% bootstrap intervals over
+the paired calls (``ratio_of_sums``): every system against plain, each auto against its rule's fixed
+chain and against the best of plain and that chain (the issue's 0.97 bar), and on against off.  Also
+the k each auto drafted (pooled) and each checked engine's final ``speed_check`` (per measured batch
+size: measured over predicted seconds of plain steps and of speculative rounds, and their ratio, the
+factor).  Prints one JSON object on stdout; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
+from _common import k_summary, ratio_of_sums
+
+from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
+from marsrl.engine.adaptive import CostModel
+from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld
+from marsrl.tinyworld.build import heldout_problems
+from marsrl.tinyworld.tokenizer import chat_prompt_ids
+
+RULES = ("strict", "mars")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="default", choices=sorted(PRESETS))
+    ap.add_argument("--world", type=Path, default=None, help="a built world's folder (default: the preset's)")
+    ap.add_argument("--batch", type=int, default=128, help="sequences per call (prompts x --group)")
+    ap.add_argument("--group", type=int, default=8, help="completions per prompt")
+    ap.add_argument("--calls", type=int, default=8, help="timed calls of each system")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed calls of each system first")
+    ap.add_argument("--fixed", type=int, default=3, help="the fixed chain length each rule is judged against")
+    ap.add_argument("--max-draft-tokens", type=int, default=7, help="auto's largest k")
+    ap.add_argument("--theta", type=float, default=0.9)
+    ap.add_argument("--new-tokens", type=int, default=None, help="default: the world's max_new_tokens")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    args = ap.parse_args(argv)
+    if args.batch % args.group:
+        ap.error(f"--batch: {args.batch} is not a multiple of --group {args.group}")
+    if args.calls < 1 or args.warmup < 0:
+        ap.error("--calls must be >= 1 and --warmup >= 0")
+    torch.set_num_threads(args.threads)
+
+    def log(msg: str) -> None:
+        print(f"[speed_check] {msg}", file=sys.stderr, flush=True)
+
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON
+        path = args.world or build_tinyworld(args.preset, progress=False)
+        target, tok, head, _ = load_tinyworld(path)
+    cfg = PRESETS[args.preset]
+    n_new = args.new_tokens or cfg.max_new_tokens
+    eos = tok.eos_token_id
+    n = args.batch // args.group
+    calls = args.warmup + args.calls
+    prompts = [chat_prompt_ids(tok, p["question"]) for p in heldout_problems(cfg, n * calls)]
+
+    common = dict(theta=args.theta, max_batch_size=args.batch)
+    cfgs = {"plain": EngineConfig(**common)}
+    for rule in RULES:
+        cfgs[f"{rule}_k{args.fixed}"] = EngineConfig(rule=rule, num_draft_tokens=args.fixed, **common)
+        for name, check in ((f"{rule}_auto", True), (f"{rule}_auto_off", False)):
+            cfgs[name] = EngineConfig(
+                rule=rule,
+                num_draft_tokens="auto",
+                max_draft_tokens=args.max_draft_tokens,
+                speed_check=check,
+                **common,
+            )
+    engines = {
+        name: SpeculativeEngine(target, None if name == "plain" else head, c) for name, c in cfgs.items()
+    }
+    autos = [name for name in engines if "_auto" in name]
+    start = time.perf_counter()
+    model = engines[autos[0]].calibrate(prompts=prompts[:n])
+    calibration_s = round(time.perf_counter() - start, 3)
+    for name in autos:  # each its own copy: the levels fold in each engine's own calls
+        engines[name].cost_model = CostModel.from_dict(model.to_dict())
+    log(f"cost model measured in {calibration_s} s")
+
+    names = list(engines)
+    rec: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    drafted: dict[str, list[int]] = {name: [] for name in autos}
+    for c in range(calls):
+        shift = c % len(names)
+        for name in names[shift:] + names[:shift]:
+            sp = SamplingParams(temperature=1.0, max_new_tokens=n_new, eos_token_id=eos, n=args.group, seed=c)
+            t0 = time.perf_counter()
+            trajs = engines[name].generate(prompts[c * n : (c + 1) * n], sp)
+            seconds = time.perf_counter() - t0
+            if c >= args.warmup:
+                rec[name].append((sum(len(t.completion_ids) for t in trajs), seconds))
+                if name in drafted:
+                    drafted[name] += engines[name].stats.get("k_per_round") or []
+        log(f"call {c + 1}/{calls}" + (" (warm-up)" if c < args.warmup else ""))
+
+    def rate(name: str) -> float:
+        return round(sum(t for t, _ in rec[name]) / sum(s for _, s in rec[name]), 1)
+
+    ratios: dict[str, dict | None] = {
+        f"{name}_vs_plain": ratio_of_sums(rec[name], rec["plain"]) for name in names
+    }
+    for rule in RULES:
+        fixed = f"{rule}_k{args.fixed}"
+        best = fixed if rate(fixed) > rate("plain") else "plain"
+        for auto in (f"{rule}_auto", f"{rule}_auto_off"):
+            ratios[f"{auto}_vs_{fixed}"] = ratio_of_sums(rec[auto], rec[fixed])
+            ratios[f"{auto}_vs_best_fixed"] = {"best": best, **(ratio_of_sums(rec[auto], rec[best]) or {})}
+        ratios[f"{rule}_auto_vs_off"] = ratio_of_sums(rec[f"{rule}_auto"], rec[f"{rule}_auto_off"])
+    out = {
+        "bench": "speed_check",
+        "preset": args.preset,
+        "path": str(path),
+        "batch": args.batch,
+        "group": args.group,
+        "calls": args.calls,
+        "warmup": args.warmup,
+        "new_tokens": n_new,
+        "temperature": 1.0,
+        "threads": torch.get_num_threads(),
+        "max_draft_tokens": args.max_draft_tokens,
+        "calibration_s": calibration_s,
+        "tokens_per_s": {name: rate(name) for name in names},
+        "ratios": ratios,
+        "k_per_round": {name: k_summary(ks) for name, ks in drafted.items()},
+        "speed_check": {name: engines[name].stats.get("speed_check") for name in autos},
+    }
+    json.dump(out, sys.stdout, indent=2)
+    print()
+    return out
+
+
+if __name__ == "__main__":
+    main()
