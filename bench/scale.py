@@ -15,7 +15,9 @@ tokens/s in a repeat is its tokens over its seconds summed over the calls; a fig
 repeats, and each ratio divides two medians of the same run.  Engines are built once per system and
 reused over batches and repeats (an adaptive engine carries its cost model and acceptance estimates
 from call to call, as in an RL run); its cost model is first measured (``calibrate``, on the run's
-prompts) before any timing and the time reported apart.
+prompts) before any timing and the time reported apart.  "speed_check" is each auto engine's
+``SpeedCheck`` after its last call: per measured batch size, its rounds' measured over predicted
+seconds for plain steps and for speculative rounds, and their ratio, the factor on every k >= 1.
 
 Engine calls run with ``profile=True`` where the engine has it: on the CPU its device synchronisation is
 a no-op, so profiling costs a few timer calls per round and the timed calls give the per-phase breakdown
@@ -524,6 +526,8 @@ def main(argv=None) -> dict:
     }
     if calibrated:
         out["cost_model"]["final"] = autos[0].cost_model.to_dict()
+    # each auto engine's SpeedCheck after its last call (measured over predicted seconds by kind)
+    out["speed_check"] = {n: e.stats.get("speed_check") for n, e in engines.items() if n.endswith("_auto")}
     out["bars"] = compute_bars(medians, args.ks, auto_ok, calls=per_call, confirm=confirm)
     out["noise_floor"] = noise_floor(medians, per_call, confirm)
     json.dump(out, sys.stdout, indent=2)

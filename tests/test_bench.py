@@ -168,6 +168,8 @@ def test_scale_bench_quick_on_micro(micro_world, capsys):
         # the auto calls' rounds set the levels of the sizes they ran at; the calibration's runs stay
         assert final["runs"] == calibrated["runs"] and not calibrated.get("levels")
         assert final["levels"] and set(final["levels"]) <= set(final["rounds"])
+        assert set(out["speed_check"]) == {"strict_auto", "mars_auto"}  # each engine's own, by size
+        assert all(set(v) <= set(final["rounds"]) for v in out["speed_check"].values() if v)
     floor = out["noise_floor"]["batch_8"]  # the A/A control: two identical plain engines, one pair
     assert floor["plain_control_vs_plain"] > 0 and floor["paired"]["n"] == 1
     if out["auto_supported"]:  # --quick: one head-to-head call of each system after the sweep
