@@ -13,6 +13,9 @@ plain, a fixed chain per rule (``--fixed``, K = 3: the best fixed mars system at
 ``bench/scale.py`` runs so far), and for each rule ``auto`` with the check (``{rule}_auto``) and
 without it (``{rule}_auto_off``).  Every auto engine starts from its own copy of one calibration,
 and runs ``--warmup`` untimed calls first (an RL run's engines carry their state from call to call).
+``--skew S`` multiplies the calibration's figures for every k >= 1 by S before any call: a calibration
+error of known size, to see whether the check finds it (where the check has nothing to correct, on
+and off choose the same k's, and their ratio is an A/A control).
 
 Reports each system's tokens/s over all its timed calls, and ratios with 90% bootstrap intervals over
 the paired calls (``ratio_of_sums``): every system against plain, each auto against its rule's fixed
@@ -58,6 +61,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--theta", type=float, default=0.9)
     ap.add_argument("--new-tokens", type=int, default=None, help="default: the world's max_new_tokens")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    ap.add_argument(
+        "--skew",
+        type=float,
+        default=1.0,
+        help="multiply the calibrated seconds of every k >= 1 by this (a calibration error of known size, "
+        "for every auto engine alike; 1: none)",
+    )
     args = ap.parse_args(argv)
     if args.batch % args.group:
         ap.error(f"--batch: {args.batch} is not a multiple of --group {args.group}")
@@ -97,6 +107,11 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     model = engines[autos[0]].calibrate(prompts=prompts[:n])
     calibration_s = round(time.perf_counter() - start, 3)
+    if args.skew != 1.0:
+        for table in (model.rounds, model.per_slot):
+            for figures in table.values():
+                for k in figures:
+                    figures[k] *= args.skew if k else 1.0
     for name in autos:  # each its own copy: the levels fold in each engine's own calls
         engines[name].cost_model = CostModel.from_dict(model.to_dict())
     log(f"cost model measured in {calibration_s} s")
@@ -143,6 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
         "threads": torch.get_num_threads(),
         "max_draft_tokens": args.max_draft_tokens,
         "calibration_s": calibration_s,
+        "skew": args.skew,
         "tokens_per_s": {name: rate(name) for name in names},
         "ratios": ratios,
         "k_per_round": {name: k_summary(ks) for name, ks in drafted.items()},

@@ -411,10 +411,14 @@ def test_calibration_bench_on_micro(micro_world, capsys):
 def test_speed_check_bench_on_micro(micro_world, capsys):
     bench = _load_bench("speed_check")
     args = ["--world", str(micro_world), "--preset", "micro", "--batch", "8", "--calls", "2", "--warmup", "1"]
-    out = bench.main([*args, "--new-tokens", "6", "--max-draft-tokens", "3", "--fixed", "2"])
+    out = bench.main([*args, "--new-tokens", "6", "--max-draft-tokens", "3", "--fixed", "2", "--skew", "1.2"])
     names = {"plain", "strict_k2", "mars_k2", "strict_auto", "strict_auto_off", "mars_auto", "mars_auto_off"}
     assert set(out["tokens_per_s"]) == names and all(v > 0 for v in out["tokens_per_s"].values())
-    assert out["ratios"]["plain_vs_plain"]["value"] == 1.0 and out["ratios"]["strict_auto_vs_off"]["n"] == 2
+    assert (
+        out["skew"] == 1.2
+        and out["ratios"]["plain_vs_plain"]["value"] == 1.0
+        and out["ratios"]["strict_auto_vs_off"]["n"] == 2
+    )
     assert out["ratios"]["mars_auto_vs_best_fixed"]["best"] in {"plain", "mars_k2"}
     assert out["k_per_round"]["strict_auto"]["rounds"] > 0
     # the checked engines report their SpeedCheck; the unchecked ones have none
