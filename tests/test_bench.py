@@ -266,21 +266,27 @@ def test_scale_bars_judge_the_head_to_head():
 
 
 def test_scale_close_calls_join_the_head_to_head_and_it_judges_them():
-    """A mars >= strict pair within the margin of 1 by the sweep (k1: 0.98, tree: 1.05) runs in the
-    head-to-head and its bar judges that; a pair clearly apart (k3: 0.6) keeps the sweep's verdict."""
+    """A mars >= strict pair the sweep does not pass by more than the margin (k1: 0.98, tree: 1.05, k3:
+    a sweep failure at 0.6) runs in the head-to-head and its bar judges that; a clear pass (k5: 1.2)
+    keeps the sweep's verdict."""
     bench = _load_bench("scale")
     rates = {"plain": 100.0, "strict_k1": 150.0, "strict_k3": 150.0, "strict_tree": 100.0}
-    rates |= {"mars_k1": 147.0, "mars_k3": 90.0, "mars_tree": 105.0}
-    shapes = ["k1", "k3", "tree"]
-    assert bench.close_calls(rates, shapes, 0.06) == ["k1", "tree"]
-    assert bench.close_calls(rates, shapes, 0.03) == ["k1"]  # tree's 1.05 is outside 0.03
-    assert bench.close_calls(rates, shapes, 0.0) == [] == bench.close_calls({"plain": 1.0}, shapes, 0.1)
+    rates |= {"mars_k1": 147.0, "mars_k3": 90.0, "mars_tree": 105.0, "strict_k5": 100.0, "mars_k5": 120.0}
+    shapes = ["k1", "k3", "k5", "tree"]
+    assert bench.close_calls(rates, shapes, 0.06) == ["k1", "k3", "tree"]
+    assert bench.close_calls(rates, shapes, 0.03) == ["k1", "k3"]  # tree's 1.05 passes by more than 0.03
+    assert bench.close_calls(rates, shapes, 0.0) == ["k1", "k3"]  # every sweep failure
+    assert bench.close_calls(rates, shapes, -1.0) == [] == bench.close_calls({"plain": 1.0}, shapes, 0.1)
     confirm = {"batch_8": {"strict_k1": [(100, 1.0), (100, 1.0)], "mars_k1": [(110, 1.0), (100, 1.0)]}}
     row = bench.compute_bars({"batch_8": rates}, [1, 3], auto_ok=False, confirm=confirm)["batch_8"]
     k1 = row["mars_vs_strict_k1"]
     assert k1["value"] == 0.98 and k1["confirm"]["value"] == 1.05 and k1["pass"] is True
     assert k1["judged_on"] == "confirm"
     assert row["mars_vs_strict_k3"]["judged_on"] == "sweep" and row["mars_vs_strict_k3"]["pass"] is False
+    # its own head-to-head, where it ran, judges a sweep failure too
+    confirm["batch_8"] |= {"strict_k3": [(100, 1.0)] * 2, "mars_k3": [(103, 1.0)] * 2}
+    row = bench.compute_bars({"batch_8": rates}, [1, 3], auto_ok=False, confirm=confirm)["batch_8"]
+    assert row["mars_vs_strict_k3"]["judged_on"] == "confirm" and row["mars_vs_strict_k3"]["pass"] is True
 
 
 def test_ratio_of_sums_and_its_interval_by_hand():
