@@ -31,12 +31,12 @@ by call on prompts and seeds the sweep did not use, many more calls than a sweep
 machine one call of identical work moves by an IQR of 10-26% against its neighbour, so the sweep's 6
 calls a system cannot resolve a 3% bar, and the best fixed system is the largest of five noisy figures;
 the head-to-head measures the auto bars on fresh data, as the ratio of tokens/s over all its calls with
-a 90% bootstrap interval over the pairs (``ratio_of_sums``).  The mars >= strict pairs the sweep does not pass
-clearly (a fixed K or the tree whose sweep ratio is under 1 + ``--confirm-margin``: every sweep
-failure and every near pass, ``close_calls``; "close_calls" in the B's "confirm") run in the
-head-to-head too, and it judges their bar: at a short chain mars has few positions to relax, so its
-edge can be as small as the sweep's error, and a sweep failure rests on 6 calls a system.  A pair
-clear of 1 by more than the margin keeps the sweep's pass.
+a 90% bootstrap interval over the pairs (``ratio_of_sums``).  The mars >= strict pairs the sweep
+does not pass clearly (a fixed K or the tree whose sweep ratio is under 1 + ``--confirm-margin``:
+every sweep failure and every near pass, ``close_calls``; "close_calls" in the B's "confirm") run in
+the head-to-head too, and it judges their bar: at a short chain mars has few positions to relax, so
+its edge can be as small as the sweep's error, and a sweep failure rests on 6 calls a system.  A
+pair clear of 1 by more than the margin keeps the sweep's pass.
 
 "bars" holds the issue's acceptance bars, each as {value, bar, pass, judged_on}: ``value`` the ratio of
 the sweep's medians, ``paired`` the median and IQR of its per-call ratios, ``confirm`` the head-to-head's
@@ -239,8 +239,8 @@ def close_calls(rates: dict[str, float], shapes: list[str], margin: float) -> li
     order, whose sweep ratio mars / strict of median tokens/s is under ``1 + margin`` (a sweep failure
     or a near pass).  Both systems of such a pair join the head-to-head, so its bar is judged on the
     head-to-head's many calls instead of the sweep's few (at B = 8 the sweep's A/A control has read a
-    paired IQR of 0.155 over its 6 calls, and a mars / strict K=1 of 0.86 at near-equal tau); a pair above
-    ``1 + margin`` keeps the sweep's pass (margin -1: none)."""
+    paired IQR of 0.155 over its 6 calls, and a mars / strict K=1 of 0.86 at near-equal tau); a pair
+    above ``1 + margin`` keeps the sweep's pass (margin -1: none)."""
     out = []
     for shape in shapes:
         m, s = rates.get(f"mars_{shape}"), rates.get(f"strict_{shape}")
@@ -290,7 +290,7 @@ def main(argv=None) -> dict:
         default=0.06,
         help="a mars >= strict pair (a fixed K or the tree) whose sweep ratio is under 1 + this (every "
         "sweep failure and near pass) joins the head-to-head, which then judges its bar (-1: none; the "
-        "sweep's A/A control read 0.92-1.06 in the full runs of 2026-12-01/02)",
+        "sweep's A/A control read 0.92-1.06 in the full runs of 2026-12-01/02, 0.85-1.12 on 2026-12-04)",
     )
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 3, 5, 7], help="fixed chain lengths")
     ap.add_argument("--tree", type=int, nargs=3, default=[4, 5, 24], metavar=("TOP_K", "DEPTH", "TOTAL"))
