@@ -325,9 +325,9 @@ class SpeedCheck:
     ``least`` rounds at the size, so where the model is clear (only one kind ever chosen) nothing
     changes; it acts where the planner alternates, in the near-ties a few percent of model error decides.
     Sums, not medians: a speculative round right after a run of plain steps absorbs every pair the run
-    left, a cost the calibration never sees (its cycles leave at most two pairs pending) but a real one
-    of switching, and a throughput is a ratio of sums.  Each round counts at most ``cap`` times its
-    prediction, so one stall of the machine (a page fault, another process) cannot swing the factor.
+    left, a cost the calibration never times (it times rounds that follow one at their own k) but a
+    real one of switching, and a throughput is a ratio of sums.  Each round counts at most ``cap``
+    times its prediction, so one stall of the machine (a page fault, another process) cannot swing the factor.
 
     Why both kinds and a ratio: a shared machine's pace moves every round alike, and that cancels; the
     two kinds are interleaved in time wherever the factor acts.  Why not the per-k figures: judging each
@@ -496,13 +496,21 @@ class FixedK:
 
 class CycleK:
     """The calibration's planner: one round at ``ks[0]`` (it absorbs the prompt's last pair, not a
-    round's worth), then ``cycles`` passes over ``ks``, then ``exhausted`` (the engine stops the call).
-    Every k's rounds are spread over the whole call, a few tens of milliseconds apart, so a slow spell
-    of the machine (seconds) falls on all of them alike.  One plan covers one batch: calibration calls
-    stay within max_batch_size."""
+    round's worth), then ``cycles`` passes over ``ks``, each k ``repeat`` rounds in a row, then
+    ``exhausted`` (the engine stops the call).  Every k's rounds are spread over the whole call, a few
+    tens of milliseconds apart, so a slow spell of the machine (seconds) falls on all of them alike.
 
-    def __init__(self, ks: list[int], cycles: int):
-        self.plan = [ks[0], *(ks * cycles)]
+    ``measured[i]``: whether the calibration times the plan's round i, the last of each block (with
+    ``repeat`` 1, every round but the lead-in).  A round's drafter first absorbs the pairs the round
+    before it kept, so a round after one at its own k costs what a run at that k costs, and a round
+    after another k does not: passing up, k = 1 follows a plain step and absorbs what that step and K
+    kept; passing down, K absorbs what k = 1 and the plain step kept.  One plan covers one batch:
+    calibration calls stay within max_batch_size."""
+
+    def __init__(self, ks: list[int], cycles: int, repeat: int = 1):
+        block = [k for k in ks for _ in range(repeat)]
+        self.plan = [ks[0], *(block * cycles)]
+        self.measured = [False, *([i % repeat == repeat - 1 for i in range(len(block))] * cycles)]
         self.i = 0
         self.exhausted = False
 

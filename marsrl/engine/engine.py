@@ -446,8 +446,9 @@ class SpeculativeEngine:
         context: int = 64,
         repeats: int = 3,
         prompts: Sequence[Sequence[int]] | None = None,
-        cycles: int = 4,
+        cycles: int = 3,
         span: int = 64,
+        repeat: int = 2,
     ):
         """Measure a ``CostModel`` on this engine's models: whole rounds drafting k = 0 .. K tokens for
         about each live batch size in ``rows`` (default 1, 4, 16, ... up to max_batch_size), as groups of
@@ -456,20 +457,23 @@ class SpeculativeEngine:
         sets how many pairs a round absorbs, are the workload's), else random ones of ``context`` tokens.
 
         A run is one call whose rounds cycle through k = 0 .. K ``cycles`` times, or more to decode at
-        least ``span`` tokens a row (``CycleK``; every row live throughout, the first round left out).
-        The context grows along it, so the rounds give the seconds a slot of cache width adds
-        (``context_slope``, pairs within one k of one run: ``CostModel.per_slot``): one figure for the
-        plain step and one shared by every k >= 1, whose rounds all read the target's cache once, from
-        7 times the pairs a per-k figure would have (per-k slopes on this CPU scattered by more than
-        their differences); a run's figure for k is the median of its rounds at k with their context
-        taken off, and each k's figure is the lower quartile of
-        its runs' (``CostModel.add_run``; the least of up to four).  A round's time varies little
-        within a run, but a shared machine slows whole seconds at a time: with every k measured within
-        the same second, such a spell moves all k's alike, and as it only ever adds time the least run
-        is the steady cost, the one that ranks the k's.  The runs sweep k up and down in turn (a round
-        absorbs what the round before it accepted).  On a GPU a round already ends in the engine's one
-        device -> host copy, so wall time per round is device time.  26-41 s on this project's 2-core
-        CPU for the tiny world at max_batch_size 128 (2026-12-01/02, ``bench/calibration.py``)."""
+        least ``span`` tokens a row, each k ``repeat`` rounds in a row of which only the last is timed
+        (``CycleK``; every row live throughout, the first round left out): a round's drafter absorbs
+        what the round before it kept, so the timed round costs what a run at its k costs.  Cycling one
+        round a k made k = 1 absorb K's pairs (passing up) and K absorb k = 1's (passing down): at 32
+        live rows on this CPU k = 1 then read about 20% over a run at k = 1 while K matched, which
+        flattened the model's line in k (2026-12-04, throwaway script).  The context grows along a run,
+        so the rounds give the seconds a slot of cache width adds (``context_slope``, pairs within one
+        k of one run: ``CostModel.per_slot``): one figure for the plain step and one shared by every
+        k >= 1, whose rounds all read the target's cache once, from 7 times the pairs a per-k figure
+        would have (per-k slopes on this CPU scattered by more than their differences); a run's figure
+        for k is the median of its timed rounds at k with their context taken off, and each k's figure
+        is the lower quartile of its runs' (``CostModel.add_run``; the least of up to four).  A
+        round's time varies little within a run, but a shared machine slows whole seconds at a time:
+        with every k measured within the same second, such a spell moves all k's alike, and as it
+        only ever adds time the least run is the steady cost, the one that ranks the k's.  The runs
+        sweep k up and down in turn.  On a GPU a round already ends in the engine's one device -> host
+        copy, so wall time per round is device time."""
         top = self.config.max_batch_size
         rows = sorted(set(rows or [*(4**i for i in range(8) if 4**i < top), top]))
         costs = CostModel()
@@ -477,8 +481,9 @@ class SpeculativeEngine:
         given = [list(p) for p in prompts] if prompts else None
         saved = self.stats
         ks = list(range(self._k_max + 1))
-        cycles = max(cycles, math.ceil(span / sum(k + 1 for k in ks)))
-        new = cycles * sum(k + 1 for k in ks) + ks[-1] + 1  # no row can finish before the cycles end
+        per_pass = repeat * sum(k + 1 for k in ks)  # tokens a row decodes at most in one pass over ks
+        cycles = max(cycles, math.ceil(span / per_pass))
+        new = cycles * per_pass + ks[-1] + 1  # no row can finish before the cycles end
         for want in rows:
             group = min(8, want)
             n = max(want // group, 1)
@@ -491,10 +496,12 @@ class SpeculativeEngine:
             runs = []  # per run: {k: [(width, seconds), ...]}
             for rep in range(repeats):
                 sp = SamplingParams(max_new_tokens=new, n=group, ignore_eos=True, seed=rep)
-                self._generate(batch, sp, CycleK(ks if rep % 2 == 0 else ks[::-1], cycles))
+                plan = CycleK(ks if rep % 2 == 0 else ks[::-1], cycles, repeat)
+                self._generate(batch, sp, plan)
                 rounds: dict[int, list[tuple[int, float]]] = {}
-                for _, live, k, t, width in self._totals["trace"][1:]:
-                    if live == r:
+                trace = self._totals["trace"]
+                for measured, (_, live, k, t, width) in zip(plan.measured, trace, strict=True):
+                    if measured and live == r:
                         rounds.setdefault(k, []).append((width, t))
                 runs.append(rounds)
             plain = context_slope([run[0] for run in runs if 0 in run])

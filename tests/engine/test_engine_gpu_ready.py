@@ -301,6 +301,50 @@ def test_a_calibration_run_cycles_every_k_and_stops_when_the_plan_is_done(qwen):
     assert widths == traced and traced[0] == 3 and all(b > a for a, b in itertools.pairwise(traced))
 
 
+def test_a_calibration_plan_repeats_each_k_and_times_only_the_last_of_each_block():
+    from marsrl.engine.adaptive import CycleK
+
+    plan = CycleK([0, 1, 2], cycles=2, repeat=2)
+    assert plan.plan == [0, 0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2]
+    assert plan.measured == [False] + [False, True] * 6
+    assert CycleK([2, 1, 0], cycles=2).measured == [False] + [True] * 6  # repeat 1: all but the lead-in
+    ks = [plan.choose(4) for _ in plan.plan]
+    assert ks == plan.plan and plan.exhausted
+
+
+def test_calibrate_times_only_rounds_that_follow_their_own_k(qwen):
+    """A round's drafter absorbs what the round before it kept, so only a round after one at its own k
+    costs what a run at that k costs.  On a simulated clock where every other round takes 100 s, the
+    model must come out of the steady rounds alone (1 + k/10 s each, whatever the width)."""
+    from marsrl.engine.adaptive import CycleK
+
+    eng = SpeculativeEngine(
+        qwen, Eagle3Drafter.from_target(qwen), EngineConfig(num_draft_tokens="auto", max_draft_tokens=3)
+    )
+    plans = []
+
+    def fake_generate(prompts, sampling, planner):
+        if not isinstance(planner, CycleK):  # the warm-up call
+            eng._totals = {"trace": []}
+            return []
+        plans.append(planner)
+        trace, last = [], None
+        while not planner.exhausted:
+            k = planner.choose(len(prompts) * sampling.n)
+            width = 10 + 3 * len(trace)
+            trace.append([0.0, len(prompts) * sampling.n, k, 1.0 + k / 10 if k == last else 100.0, width])
+            last = k
+        eng._totals = {"trace": trace}
+        return []
+
+    eng._generate = fake_generate
+    costs = eng.calibrate(rows=[4], context=8, repeats=2)
+    # every k twice in a row, at least 3 passes (64 tokens a row here: 4), the second of each pair timed
+    assert len(plans) == 2 and all(p.measured.count(True) == (len(p.plan) - 1) // 2 >= 3 * 4 for p in plans)
+    assert costs.per_slot[4] == {k: 0.0 for k in range(4)}
+    assert costs.round_seconds_upto(4, 3) == pytest.approx([1.0, 1.1, 1.2, 1.3])
+
+
 def test_planner_picks_plain_when_speculation_cannot_pay_and_k_when_it_does():
     from marsrl.engine.adaptive import KPlanner
 
