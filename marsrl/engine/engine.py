@@ -474,6 +474,10 @@ class SpeculativeEngine:
         only ever adds time the least run is the steady cost, the one that ranks the k's.  The runs
         sweep k up and down in turn.  On a GPU a round already ends in the engine's one device -> host
         copy, so wall time per round is device time."""
+        if repeat < 1 or cycles < 1:
+            raise ValueError(
+                f"calibrate: repeat and cycles must be >= 1, got repeat={repeat}, cycles={cycles}"
+            )
         top = self.config.max_batch_size
         rows = sorted(set(rows or [*(4**i for i in range(8) if 4**i < top), top]))
         costs = CostModel()
@@ -500,7 +504,8 @@ class SpeculativeEngine:
                 self._generate(batch, sp, plan)
                 rounds: dict[int, list[tuple[int, float]]] = {}
                 trace = self._totals["trace"]
-                for measured, (_, live, k, t, width) in zip(plan.measured, trace, strict=True):
+                # a call cut short (a row at the model's context limit) simply has fewer rounds
+                for measured, (_, live, k, t, width) in zip(plan.measured, trace, strict=False):
                     if measured and live == r:
                         rounds.setdefault(k, []).append((width, t))
                 runs.append(rounds)

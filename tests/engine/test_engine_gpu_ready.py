@@ -343,6 +343,8 @@ def test_calibrate_times_only_rounds_that_follow_their_own_k(qwen):
     assert len(plans) == 2 and all(p.measured.count(True) == (len(p.plan) - 1) // 2 >= 3 * 4 for p in plans)
     assert costs.per_slot[4] == {k: 0.0 for k in range(4)}
     assert costs.round_seconds_upto(4, 3) == pytest.approx([1.0, 1.1, 1.2, 1.3])
+    with pytest.raises(ValueError, match="repeat and cycles must be >= 1, got repeat=0"):
+        eng.calibrate(rows=[4], repeat=0)
 
 
 def test_planner_picks_plain_when_speculation_cannot_pay_and_k_when_it_does():
