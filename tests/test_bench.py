@@ -414,6 +414,21 @@ def test_calibration_bench_on_micro(micro_world, capsys):
         bench.main([*args[:-1], "1"])  # one calibration compares nothing
 
 
+def test_calibration_bias_bench_on_micro(micro_world, capsys):
+    bench = _load_bench("calibration_bias")
+    args = ["--world", str(micro_world), "--preset", "micro", "--rows", "8", "--repeats", "1"]
+    out = bench.main([*args, "--max-draft-tokens", "2", "--ks", "0", "2", "--rounds", "4"])
+    assert out["rows"] == 8 and set(out["per_k"]) == {"0", "2"}
+    for row in out["per_k"].values():
+        assert row["fixed_ms"] > 0 and row["width"] > 0
+        for kind in ("one_round", "two_rounds"):
+            fig = row[kind]
+            assert fig["ms"] > 0 and fig["over_fixed"] == pytest.approx(fig["ms"] / row["fixed_ms"], abs=2e-3)
+    assert '"over_fixed"' in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench.main([*args, "--max-draft-tokens", "2", "--ks", "3"])  # k past max_draft_tokens
+
+
 def test_speed_check_bench_on_micro(micro_world, capsys):
     bench = _load_bench("speed_check")
     args = ["--world", str(micro_world), "--preset", "micro", "--batch", "8", "--calls", "2", "--warmup", "1"]

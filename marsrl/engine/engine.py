@@ -460,9 +460,9 @@ class SpeculativeEngine:
         least ``span`` tokens a row, each k ``repeat`` rounds in a row of which only the last is timed
         (``CycleK``; every row live throughout, the first round left out): a round's drafter absorbs
         what the round before it kept, so the timed round costs what a run at its k costs.  Cycling one
-        round a k made k = 1 absorb K's pairs (passing up) and K absorb k = 1's (passing down): at 32
-        live rows on this CPU k = 1 then read about 20% over a run at k = 1 while K matched, which
-        flattened the model's line in k (2026-12-04, throwaway script).  The context grows along a run,
+        round a k made k = 1 absorb K's pairs (passing up) and K absorb k = 1's (passing down), which
+        priced k = 1 above a run at k = 1 by up to 15% relative to the other k's in some readings on
+        this CPU (``bench/calibration_bias.py``).  The context grows along a run,
         so the rounds give the seconds a slot of cache width adds (``context_slope``, pairs within one
         k of one run: ``CostModel.per_slot``): one figure for the plain step and one shared by every
         k >= 1, whose rounds all read the target's cache once, from 7 times the pairs a per-k figure
