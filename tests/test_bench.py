@@ -445,3 +445,55 @@ def test_speed_check_bench_on_micro(micro_world, capsys):
     # the checked engines report their SpeedCheck; the unchecked ones have none
     assert out["speed_check"]["strict_auto"] and out["speed_check"]["strict_auto_off"] is None
     assert '"speed_check"' in capsys.readouterr().out
+
+
+def test_round_kernels_bench_small_and_its_two_ways_agree(capsys):
+    """bench/round_kernels.py on tiny sizes prints both tables; the two commit moves it times leave the same
+    buffers, and the two attentions the same output (the bench times equals, not a shortcut)."""
+    import torch
+
+    bench = _load_bench("round_kernels")
+    out = bench.main(
+        [
+            "--rows",
+            "2",
+            "--blocks",
+            "1",
+            "3",
+            "--layers",
+            "1",
+            "--width",
+            "12",
+            "--keys",
+            "6",
+            "--queries",
+            "1",
+            "3",
+            "--repeats",
+            "1",
+            "--calls",
+            "2",
+        ]
+    )
+    assert [(r["rows"], r["block"]) for r in out["commit"]] == [(2, 1), (2, 3)]
+    assert [r["queries"] for r in out["drafter_attention"]] == [1, 3]
+    assert [r["cpu_folds"] for r in out["drafter_attention"]] == [False, True]
+    for r in out["commit"] + out["drafter_attention"]:
+        assert r["ratio"] > 0
+    assert '"drafter_attention"' in capsys.readouterr().out
+    g = torch.Generator().manual_seed(0)
+    a = [torch.randn(3, 2, 10, 4, generator=g) for _ in range(2)]
+    b = [t.clone() for t in a]
+    src = 6 + torch.tensor([[0, 1], [1, 0], [0, 1]])
+    dst = torch.tensor([[4, 5], [5, 6], [6, 7]])
+    bench._gather_scatter(a, src, dst)
+    bench._flat(b, src, dst)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 8)
+    mask = torch.zeros(2, 1, 3, 9)
+    mask[0, :, :, :2] = torch.finfo(torch.float32).min
+    gqa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    from marsrl.drafter import layers
+
+    assert 3 in layers.FOLD_CPU_QUERIES
+    assert torch.allclose(layers.grouped_attention(q, k, v, mask), gqa, atol=1e-6)

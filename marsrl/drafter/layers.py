@@ -17,9 +17,18 @@ from torch import nn
 
 from .config import Eagle3Config
 
-# ``grouped_attention`` on a CPU: False = one SDPA call with enable_gqa (the CPU kernel's own GQA; faster
-# there), True = the folded path every other device takes (the tests set it to check that path here)
+# ``grouped_attention`` on a CPU: False = one SDPA call with enable_gqa (the CPU kernel's own GQA) except
+# for short query blocks (``FOLD_CPU_QUERIES``), True = the folded path every other device takes at every
+# length (the tests set it to check that path here)
 FOLD_ON_CPU = False
+# Query lengths the CPU folds anyway (``python bench/round_kernels.py``, 2026-12-04, torch 2.13, one thread):
+# for a block of 2-8 queries (the absorb of a round's pairs) the folded call took 0.62-0.96 of the time of
+# torch's own GQA with a mask at 32 and 128 rows (128 rows, 60 keys, 3 queries: 1.07 against 1.72 ms),
+# about as long at 8 rows and 1.0-1.9x at one row, where either takes 10-45 us; one query, and 16 or more,
+# run as fast or faster unfolded.  A rule on the query length alone: one on the batch size would give a
+# group's shared prompt (one row) and its unshared copies (G rows) different kernels, and their
+# trajectories must stay bit-identical.
+FOLD_CPU_QUERIES = range(2, 9)
 # Query block size of ``grouped_attention``: B * Hq * C * S <= this many elements (a float32 score block of
 # at most 512 MB, were a backend to build one; the folded mask is G/Hq of that).
 _SCORE_BUDGET = 2**27
@@ -102,7 +111,7 @@ def grouped_attention(
     bsz, n_q, q_len, hd = q.shape
     n_kv, kv_len = k.shape[1], k.shape[2]
     group = n_q // n_kv
-    if q.device.type == "cpu" and not FOLD_ON_CPU:
+    if q.device.type == "cpu" and not FOLD_ON_CPU and q_len not in FOLD_CPU_QUERIES:
         # torch's CPU flash kernel takes GQA with a mask as it is; folding only adds copies there
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=group > 1)
     qg = q.reshape(bsz, n_kv, group, q_len, hd)  # a view: heads kv*G .. kv*G + G-1 share kv head kv

@@ -808,6 +808,50 @@ def test_cache_select_compacts_leaving_rows_in_place(shift):
     assert torch.equal(copied[1], copied[0]) and torch.equal(copied[0], k[keep[0]][:, moved:])
 
 
+@pytest.mark.parametrize("in_order", [True, False])
+def test_cache_commit_moves_what_the_row_by_row_reference_moves(in_order):
+    """The fast commit (flat index_select / index_copy_ over every layer's K and V) against
+    ``commit_reference``: ragged rows (left padding, rows ending before the shared axis), a chain's
+    in-order keep and a tree's permuted one, counts from 0 to J; every kept slot equal, every slot
+    before the block untouched, the rows' ends and the axis as the counts say.  Seeds 0-19."""
+    from marsrl.engine.cache import RaggedCache, commit_reference
+
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        bsz, heads, hd, width, j = 5, 2, 3, 9, 4
+        starts = torch.randint(0, 3, (bsz,), generator=g)
+        ends = torch.randint(5, width + 1, (bsz,), generator=g)
+        ends[int(torch.randint(0, bsz, (1,), generator=g))] = width  # some row reaches the axis's end
+        cache = RaggedCache(bsz, torch.device("cpu"), capacity=width + j + 2)
+        layers = 3
+        for layer in range(layers):
+            k = torch.randn(bsz, heads, width, hd, generator=g)
+            cache.cache.update(k, -k, layer)
+        cache.set_rows(starts, ends - starts, starts.tolist(), (ends - starts).tolist())
+        for layer in range(layers):
+            k = torch.randn(bsz, heads, j, hd, generator=g)
+            cache.cache.update(k, 2 * k, layer)  # the block at [width, width + j)
+        if in_order:
+            keep = torch.arange(j).expand(bsz, j)
+        else:
+            keep = torch.stack([torch.randperm(j, generator=g) for _ in range(bsz)])
+        counts = torch.randint(0, j + 1, (bsz,), generator=g)
+        before = [
+            (layer.keys[:, :, : width + j].clone(), layer.values[:, :, : width + j].clone())
+            for layer in cache.cache.layers
+        ]
+        cache.commit(width, keep, counts, counts.tolist(), in_order=in_order)
+        for layer, (keys, values) in zip(cache.cache.layers, before, strict=True):
+            for name, ref in (("keys", keys), ("values", values)):
+                commit_reference(ref, ends.tolist(), width, keep.tolist(), counts.tolist())
+                got = getattr(layer, name)
+                for b in range(bsz):
+                    kept = int(ends[b] + counts[b])
+                    assert torch.equal(got[b, :, :kept], ref[b, :, :kept]), (seed, name, b)
+        assert cache.ends == (ends + counts).tolist()
+        assert cache.width == int((ends + counts).max())
+
+
 def test_speed_check_is_measured_over_predicted_per_kind_and_size():
     from marsrl.engine.adaptive import SpeedCheck
 
