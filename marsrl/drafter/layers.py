@@ -24,7 +24,7 @@ FOLD_ON_CPU = False
 # Query lengths the CPU folds anyway (``python bench/round_kernels.py``, 2026-12-04, torch 2.13, one thread):
 # for a block of 2-8 queries (the absorb of a round's pairs) the folded call took 0.62-0.96 of the time of
 # torch's own GQA with a mask at 32 and 128 rows (128 rows, 60 keys, 3 queries: 1.07 against 1.72 ms),
-# about as long at 8 rows and 1.0-1.9x at one row, where either takes 10-45 us; one query, and 16 or more,
+# 0.61-1.20 of it at 8 rows and 1.0-1.9x at one row, where either takes 10-45 us; one query, and 16 or more,
 # run as fast or faster unfolded.  A rule on the query length alone: one on the batch size would give a
 # group's shared prompt (one row) and its unshared copies (G rows) different kernels, and their
 # trajectories must stay bit-identical.

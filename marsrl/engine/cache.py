@@ -6,10 +6,10 @@ Layout per layer: ``keys`` / ``values`` [B, Hkv, C, hd] with capacity C >= width
 are live.  A forward appends its block of T entries in place at ``[width, width + T)`` (no copy of what
 is already cached) and attention reads the view ``[:, :, :width + T]``.  ``commit`` then moves the
 entries each row keeps (the accepted prefix of a chain, the accepted path of a tree) to the end of that
-row's valid region and shrinks ``width``: one gather/scatter of T entries per layer, and nothing at all
-when every row keeps its entries in place.  ``select`` (rows leave the batch) copies the live rows once
-into a buffer of the smaller batch, dropping the slots before the earliest row start, so padding and
-the spread between rows stop costing memory and attention.
+row's valid region and shrinks ``width``: one flat index_select / index_copy_ of T entries a row per
+buffer, and nothing at all when every row keeps its entries in place.  ``select`` (rows leave the
+batch) copies the live rows once into a buffer of the smaller batch, dropping the slots before the
+earliest row start, so padding and the spread between rows stop costing memory and attention.
 
 Host-side mirrors: ``width`` and the per-row ends (``starts + lengths``) are kept on the host as well, so
 no method here reads a device tensor back (on a GPU that would be a sync per call).
@@ -187,9 +187,8 @@ class RaggedCache:
             flat: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
             for layer in self.cache.layers:
                 for name in ("keys", "values"):
-                    t = getattr(
-                        layer, name
-                    )  # [B, Hkv, C, hd], contiguous (its own buffer or a leading slice)
+                    # [B, Hkv, C, hd], contiguous (a buffer of its own, or a leading slice of one)
+                    t = getattr(layer, name)
                     if (key := tuple(t.shape[:3])) not in flat:
                         flat[key] = (_flat_slots(src, t), _flat_slots(dst, t))
                     s, d = flat[key]
@@ -244,9 +243,8 @@ def _flat_slots(slots: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
     A commit moves a few entries a row; ``index_select`` / ``index_copy_`` on the flat rows moves each
     as one hd-long copy, where ``gather`` / ``scatter_`` on the 4D buffer with an expanded index walks
-    it element by element: 3-4x slower on this project's CPU (8 layers, 128 rows, J = 1..8; the
-    plain step's commit in a ragged batch fell from 2.0 to ~0.5 ms).  ``commit_reference`` is the
-    slow path it must equal."""
+    it element by element: 2-4x slower at 32 and 128 rows on this project's CPU (8 layers, J = 1..8;
+    ``python bench/round_kernels.py``).  ``commit_reference`` is the slow path it must equal."""
     bsz, heads, cap, _ = t.shape
     if not t.is_contiguous():
         raise ValueError("RaggedCache buffers must be contiguous")
