@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 import time
 from collections.abc import Iterator, Mapping
@@ -46,6 +47,14 @@ _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 def is_run_dir(path: Path) -> bool:
     """A wandb run folder: it holds a ``run-<id>.wandb`` transaction log."""
     return path.is_dir() and any(path.glob("run-*.wandb"))
+
+
+def named_for_run(folder_name: str, run_id: str) -> bool:
+    """Whether a run folder's name is wandb's for ``run_id``: ``[offline-]run-YYYYMMDD_HHMMSS-<id>``, or
+    the same with ``-<n>`` appended, which wandb adds when a folder of that name exists already (a run
+    resumed within the second it started in)."""
+    pattern = rf"(offline-)?run-\d{{8}}_\d{{6}}-{re.escape(run_id)}(-\d+)?"
+    return re.fullmatch(pattern, folder_name) is not None
 
 
 def find_run_dirs(folder: Path) -> list[Path]:
@@ -359,7 +368,7 @@ def _resume_offline(run_dir: Path):
     import wandb
 
     original = read_wandb_run(run_dir, wait_s=_RESUME_WAIT_S)
-    same_id = [d for d in find_run_dirs(run_dir.parent) if d.name.endswith(f"-{original.id}")]
+    same_id = [d for d in find_run_dirs(run_dir.parent) if named_for_run(d.name, original.id)]
     last = max([original.last_step, *(read_wandb_run(d).last_step for d in same_id)])
     root = run_dir.parent.parent if run_dir.parent.name == "wandb" else run_dir.parent
     run = wandb.init(

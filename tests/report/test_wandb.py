@@ -8,7 +8,7 @@ import pytest
 
 from marsrl.report import build_report, log_report_to_wandb, read_wandb_history, read_wandb_run
 from marsrl.report.load import load_experiment
-from marsrl.report.wandb_io import history_to_metrics, read_wandb_runs
+from marsrl.report.wandb_io import history_to_metrics, named_for_run, read_wandb_runs
 
 from .helpers import logged_to_wandb, metric_rows, same, samples, write_experiment
 
@@ -104,6 +104,18 @@ def test_arm_folder_without_metrics_reads_its_run(logged, tmp_path):
     assert [r["step"] for r in loaded.rows] == list(range(10)) and loaded.eval["after"]["n"] == 200
 
 
+def test_run_folder_names_by_id_with_wandbs_suffix():
+    assert named_for_run("offline-run-20261204_203454-n8jtj1jw", "n8jtj1jw")
+    assert named_for_run("offline-run-20261204_203454-n8jtj1jw-1", "n8jtj1jw")  # same second: -1
+    assert named_for_run("run-20261204_203454-n8jtj1jw-12", "n8jtj1jw")  # online runs' folders
+    assert not named_for_run("offline-run-20261204_203454-xn8jtj1jw", "n8jtj1jw")
+    assert not named_for_run("offline-run-20261204_203454-n8jtj1jw-x", "n8jtj1jw")
+    assert not named_for_run("offline-run-20261204_203454-abc-1", "abc-2")
+    assert named_for_run("offline-run-20261204_203454-a.b", "a.b") and not named_for_run(
+        "offline-run-20261204_203454-axb", "a.b"
+    )  # the id is matched as text, not as a pattern
+
+
 def test_merge_by_step_and_drop_media():
     history = [
         {"_step": 0, "_runtime": 1.0, "train/global_step": 5, "train/reward": 0.5},
@@ -123,7 +135,8 @@ def test_log_report_resumes_each_offline_run(logged):
     for arm in ARMS:
         original = read_wandb_run((out / arm / "wandb_run").read_text())
         new_dir = report.wandb_runs[arm]
-        assert new_dir != original.path and new_dir.name.endswith(f"-{original.id}")
+        # wandb appends -1 to the folder's name when the resume starts within the original's second
+        assert new_dir != original.path and named_for_run(new_dir.name, original.id)
         media = new_dir / "files" / "media"
         images = {p.name.rsplit("_", 2)[0] for p in (media / "images" / "report").glob("*.png")}
         assert images == plots
