@@ -13,13 +13,14 @@ live batch sizes, so drafting, verification and the host's bookkeeping are all i
 every call's measured rounds then set each batch size's level, all k alike, and never the ratios
 between k's, which only the calibration measures fairly (its k's share each second; see
 ``CostModel``).  It is taken at the round's context: every round reads
-each live row's cached keys and values once, whatever its k, so its time grows with the cache's width
-(the shared time axis, in slots) by an added cost per slot, measured once for the plain step and once
-for every k >= 1 (``context_slope``).  A plain step therefore costs more, relative to a speculative
-round, the longer the sequences are, and the k worth drafting grows along a call.  The a_i are running
-estimates from the rounds of the current ``generate`` call (``AcceptanceEstimates``), started from the
-engine's earlier calls, scaled down to a few dozen rounds.  The carry-overs (the levels, the estimates
-and the count of speculative rounds that times exploration) are off with
+each live row's cached keys and values, so its time grows with the cache's width (the shared time
+axis, in slots) by an added cost per slot, measured for every k (``context_slope``) and read as the
+plain step's own figure and a line in k through the others: the target's block attends over
+every slot from each of its k + 1 queries and the drafter once a draft step, so a slot costs a longer
+chain more.  The a_i are running estimates from the rounds of the current ``generate`` call
+(``AcceptanceEstimates``), started from the engine's earlier calls, scaled down to a few dozen rounds.
+The carry-overs (the levels, the estimates and the count of speculative rounds that times exploration)
+are off with
 ``EngineConfig(adapt_costs=False)``: the choice is then a pure function of the cost model, the call's
 own outcomes and its seed, and the same engine reproduces the same K sequence.  Exactness does not
 depend on k: every round is verified by the same rule, and a chain of any length (0 included) is
@@ -121,8 +122,9 @@ class CostModel:
     ``per_slot[rows][k]``: the seconds each slot of context adds (``context_slope``; none measured
     means 0, and the model is the same at every width).  The table may give every k its own figure
     (the target scores k + 1 queries against every slot, the drafter reads its cache once per draft);
-    ``SpeculativeEngine.calibrate`` measures one for the plain step and one for every k >= 1, as
-    per-k slopes on this CPU scattered more than they differed.  Both tables are read the same way: per
+    ``SpeculativeEngine.calibrate`` measures one a k (it pooled every k >= 1 into one figure until
+    2026-12-04, which priced a long chain's context low; see ``calibrate``).  Both tables are read the
+    same way: per
     measured batch size, the plain step's own figure at k = 0 and a line in k through the k >= 1
     figures (least squares, slope >= 0, never below the plain step; ``_shaped``): a speculative round
     pays the drafter's absorb and a wider forward even at k = 1, a step a line through k = 0 would

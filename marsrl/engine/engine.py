@@ -464,9 +464,13 @@ class SpeculativeEngine:
         priced k = 1 above a run at k = 1 by up to 15% relative to the other k's in some readings on
         this CPU (``bench/calibration_bias.py``).  The context grows along a run,
         so the rounds give the seconds a slot of cache width adds (``context_slope``, pairs within one
-        k of one run: ``CostModel.per_slot``): one figure for the plain step and one shared by every
-        k >= 1, whose rounds all read the target's cache once, from 7 times the pairs a per-k figure
-        would have (per-k slopes on this CPU scattered by more than their differences); a run's figure
+        k of one run: ``CostModel.per_slot``), one figure a k, which the model reads as the plain step's
+        own and a line in k through the k >= 1 figures: a round drafting k reads the cache k + 1 times
+        in the target's block and once per draft step in the drafter, so a slot costs more the longer
+        the chain.  At 32 rows (mars) on this CPU three calibrations' lines ran from 24-27 us a slot at
+        k = 1 to 41-43 at k = 7, where one figure pooled over every k >= 1 (the model before 2026-12-04)
+        read 31-34 at every k: it priced K's context ~30% low and k = 1's ~25% high, and late in a
+        call, at wide caches, leaned the choice toward long chains.  A run's figure
         for k is the median of its timed rounds at k with their context taken off, and each k's figure
         is the lower quartile of its runs' (``CostModel.add_run``; the least of up to four).  A
         round's time varies little within a run, but a shared machine slows whole seconds at a time:
@@ -509,9 +513,8 @@ class SpeculativeEngine:
                     if measured and live == r:
                         rounds.setdefault(k, []).append((width, t))
                 runs.append(rounds)
-            plain = context_slope([run[0] for run in runs if 0 in run])
-            drafting = context_slope([points for run in runs for k, points in run.items() if k > 0])
-            costs.per_slot[r] = {k: drafting if k else plain for k in ks}
+            # each k's own slope; the model reads a line in k through the k >= 1 figures (``_shaped``)
+            costs.per_slot[r] = {k: context_slope([run[k] for run in runs if k in run]) for k in ks}
             slopes = costs.slot_seconds_upto(r, ks[-1])  # as the model reads them
             for rounds in runs:
                 for k, points in sorted(rounds.items()):
