@@ -497,3 +497,31 @@ def test_round_kernels_bench_small_and_its_two_ways_agree(capsys):
 
     assert 3 in layers.FOLD_CPU_QUERIES
     assert torch.allclose(layers.grouped_attention(q, k, v, mask), gqa, atol=1e-6)
+
+
+def test_context_slope_bench_on_micro(micro_world, capsys):
+    """bench/context_slope.py on the micro world: a per-k figure and a model line for every k, the line
+    never falling in k >= 1 and never below the plain step's own figure."""
+    bench = _load_bench("context_slope")
+    out = bench.main(
+        [
+            "--world",
+            str(micro_world),
+            "--preset",
+            "micro",
+            "--rows",
+            "8",
+            "--calibrations",
+            "1",
+            "--max-draft-tokens",
+            "2",
+        ]
+    )
+    (cal,) = out["calibrations"]
+    assert out["rows"] == 8 and len(cal["per_k_us"]) == len(cal["line_us"]) == 3
+    assert cal["line_us"][0] == cal["per_k_us"][0] and cal["pooled_us"] >= 0
+    assert cal["line_us"][0] <= cal["line_us"][1] <= cal["line_us"][2]
+    assert cal["widths"][0] < cal["widths"][1]
+    assert '"pooled_us"' in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench.main(["--world", str(micro_world), "--preset", "micro", "--calibrations", "0"])

@@ -467,10 +467,13 @@ class SpeculativeEngine:
         k of one run: ``CostModel.per_slot``), one figure a k, which the model reads as the plain step's
         own and a line in k through the k >= 1 figures: a round drafting k reads the cache k + 1 times
         in the target's block and once per draft step in the drafter, so a slot costs more the longer
-        the chain.  At 32 rows (mars) on this CPU three calibrations' lines ran from 24-27 us a slot at
-        k = 1 to 41-43 at k = 7, where one figure pooled over every k >= 1 (the model before 2026-12-04)
-        read 31-34 at every k: it priced K's context ~30% low and k = 1's ~25% high, and late in a
-        call, at wide caches, leaned the choice toward long chains.  A run's figure
+        the chain.  One figure pooled over every k >= 1 (the model before 2026-12-04) prices K's
+        context low and k = 1's high, and at the wide caches late in a call leans the choice toward
+        long chains.  ``bench/context_slope.py`` on this CPU: one calibration's line ran from 95 us a
+        slot at k = 1 to 257 at k = 7 against a pooled 157 (128 rows, strict), another from 24 to 43
+        against 31 (32 rows, mars); but each k's figure is the median of few pairs of rounds, and in the
+        other 4 of 6 calibrations they scattered (a high k as low as 0 in three) and the line came
+        out flat or nearly so, about the pooled figure.  A run's figure
         for k is the median of its timed rounds at k with their context taken off, and each k's figure
         is the lower quartile of its runs' (``CostModel.add_run``; the least of up to four).  A
         round's time varies little within a run, but a shared machine slows whole seconds at a time:
