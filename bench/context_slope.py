@@ -6,9 +6,10 @@ that the model used before 2026-12-04.
     python bench/context_slope.py --rows 128 --rule strict
     python bench/context_slope.py --preset micro --rows 8 --calibrations 1 --max-draft-tokens 2   # smoke
 
-Each calibration runs what ``SpeculativeEngine.calibrate`` runs at one batch size (three calls cycling
-k = 0 .. K, two rounds a k, the second timed, up and down in turn) on the world's own prompts, and reads
-the (width, seconds) of the timed rounds: ``per_k_us`` is ``context_slope`` over each k's rounds (the
+Each calibration runs what ``SpeculativeEngine.calibrate`` runs at one batch size
+(``SpeculativeEngine.calibration_runs``: three calls cycling k = 0 .. K, two rounds a k, the second
+timed, up and down in turn) on the world's own prompts, and reads the (width, seconds) of the timed
+rounds: ``per_k_us`` is ``context_slope`` over each k's rounds (the
 calibration's figures, microseconds a slot), ``line_us`` what the model reads for k = 0 .. K (the plain
 step's own figure, then the least-squares line through k >= 1, never below it), ``pooled_us`` one
 ``context_slope`` over the rounds of every k >= 1.  A slot costs a longer chain more (the target's block
@@ -21,14 +22,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import statistics
 import sys
 
 import torch
 
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
-from marsrl.engine.adaptive import CostModel, CycleK, FixedK, context_slope
+from marsrl.engine.adaptive import CostModel, FixedK, context_slope
 from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld
 from marsrl.tinyworld.build import heldout_problems
 from marsrl.tinyworld.tokenizer import chat_prompt_ids
@@ -39,23 +39,11 @@ def _us(seconds: float) -> float:
 
 
 def one_calibration(engine: SpeculativeEngine, prompts, group: int, k_max: int, seed: int) -> dict:
-    """The timed rounds of one calibration at ``len(prompts) * group`` rows, as the three figures."""
+    """The timed rounds of one calibration at ``len(prompts) * group`` rows (``calibration_runs``, as
+    ``calibrate`` takes them), as the three figures."""
     ks = list(range(k_max + 1))
-    repeat, cycles, span = 2, 3, 64  # calibrate's defaults
-    per_pass = repeat * sum(k + 1 for k in ks)
-    cycles = max(cycles, math.ceil(span / per_pass))
-    new = cycles * per_pass + k_max + 1
     rows = len(prompts) * group
-    runs = []
-    for rep in range(3):
-        plan = CycleK(ks if rep % 2 == 0 else ks[::-1], cycles, repeat)
-        sp = SamplingParams(max_new_tokens=new, n=group, ignore_eos=True, seed=seed * 10 + rep)
-        engine._generate(prompts, sp, plan)
-        rounds: dict[int, list[tuple[int, float]]] = {}
-        for measured, (_, live, k, t, width) in zip(plan.measured, engine.stats["trace"], strict=False):
-            if measured and live == rows:
-                rounds.setdefault(k, []).append((width, t))
-        runs.append(rounds)
+    runs = engine.calibration_runs(prompts, group, seed=10 * seed)
     per_k = {k: context_slope([run[k] for run in runs if k in run]) for k in ks}
     model = CostModel(rounds={rows: dict.fromkeys(ks, 1.0)}, per_slot={rows: per_k})
     pooled = context_slope([points for run in runs for k, points in run.items() if k > 0])

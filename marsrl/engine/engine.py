@@ -492,9 +492,6 @@ class SpeculativeEngine:
         given = [list(p) for p in prompts] if prompts else None
         saved = self.stats
         ks = list(range(self._k_max + 1))
-        per_pass = repeat * sum(k + 1 for k in ks)  # tokens a row decodes at most in one pass over ks
-        cycles = max(cycles, math.ceil(span / per_pass))
-        new = cycles * per_pass + ks[-1] + 1  # no row can finish before the cycles end
         for want in rows:
             group = min(8, want)
             n = max(want // group, 1)
@@ -504,18 +501,7 @@ class SpeculativeEngine:
                 batch = torch.randint(0, self.vocab_size, (n, context), generator=gen).tolist()
             r = n * group
             self._generate(batch, SamplingParams(max_new_tokens=2, n=group, ignore_eos=True), FixedK(0))
-            runs = []  # per run: {k: [(width, seconds), ...]}
-            for rep in range(repeats):
-                sp = SamplingParams(max_new_tokens=new, n=group, ignore_eos=True, seed=rep)
-                plan = CycleK(ks if rep % 2 == 0 else ks[::-1], cycles, repeat)
-                self._generate(batch, sp, plan)
-                rounds: dict[int, list[tuple[int, float]]] = {}
-                trace = self._totals["trace"]
-                # a call cut short (a row at the model's context limit) simply has fewer rounds
-                for measured, (_, live, k, t, width) in zip(plan.measured, trace, strict=False):
-                    if measured and live == r:
-                        rounds.setdefault(k, []).append((width, t))
-                runs.append(rounds)
+            runs = self.calibration_runs(batch, group, repeats, cycles, span, repeat)
             # each k's own slope; the model reads a line in k through the k >= 1 figures (``_shaped``)
             costs.per_slot[r] = {k: context_slope([run[k] for run in runs if k in run]) for k in ks}
             slopes = costs.slot_seconds_upto(r, ks[-1])  # as the model reads them
@@ -524,6 +510,38 @@ class SpeculativeEngine:
                     costs.add_run(r, k, statistics.median(t - slopes[k] * w for w, t in points))
         self.stats = saved
         return costs
+
+    def calibration_runs(
+        self,
+        batch: Sequence[Sequence[int]],
+        group: int,
+        repeats: int = 3,
+        cycles: int = 3,
+        span: int = 64,
+        repeat: int = 2,
+        seed: int = 0,
+    ) -> list[dict[int, list[tuple[int, float]]]]:
+        """The timed rounds of ``calibrate``'s runs at one batch size (``batch`` prompts, ``group`` rows
+        each), one dict a run: k -> [(cache width, seconds), ...] of the rounds timed with every row
+        live.  Run i cycles k = 0 .. K (down for odd i) with sampling seed ``seed + i``; see
+        ``calibrate`` for cycles, span and repeat.  Leaves ``stats`` as the last run's."""
+        ks = list(range(self._k_max + 1))
+        per_pass = repeat * sum(k + 1 for k in ks)  # tokens a row decodes at most in one pass over ks
+        cycles = max(cycles, math.ceil(span / per_pass))
+        new = cycles * per_pass + ks[-1] + 1  # no row can finish before the cycles end
+        rows = len(batch) * group
+        runs = []
+        for rep in range(repeats):
+            sp = SamplingParams(max_new_tokens=new, n=group, ignore_eos=True, seed=seed + rep)
+            plan = CycleK(ks if rep % 2 == 0 else ks[::-1], cycles, repeat)
+            self._generate(batch, sp, plan)
+            rounds: dict[int, list[tuple[int, float]]] = {}
+            # a call cut short (a row at the model's context limit) simply has fewer rounds
+            for measured, (_, live, k, t, width) in zip(plan.measured, self._totals["trace"], strict=False):
+                if measured and live == rows:
+                    rounds.setdefault(k, []).append((width, t))
+            runs.append(rounds)
+        return runs
 
     # ------------------------------------------------------------------ pieces
     @property
