@@ -1,6 +1,7 @@
-"""What a slot of cache width costs a round drafting k, for every k: the per-k figures the calibration
-measures, the line in k the cost model reads through them, and the one figure pooled over every k >= 1
-that the model used before 2026-12-04.
+"""What a slot of cache width costs a round drafting k, for every k: each k's own figure, the line in k
+the cost model reads (fitted to the rounds of every k at once, ``context_line``), the line through each
+k's own figure that it read on 2026-12-04, and the one figure pooled over every k >= 1 that it used
+before that; all four from the same timed rounds.
 
     python bench/context_slope.py                  # default world, 32 rows, mars, 3 calibrations
     python bench/context_slope.py --rows 128 --rule strict
@@ -9,12 +10,20 @@ that the model used before 2026-12-04.
 Each calibration runs what ``SpeculativeEngine.calibrate`` runs at one batch size
 (``SpeculativeEngine.calibration_runs``: three calls cycling k = 0 .. K, two rounds a k, the second
 timed, up and down in turn) on the world's own prompts, and reads the (width, seconds) of the timed
-rounds: ``per_k_us`` is ``context_slope`` over each k's rounds (the
-calibration's figures, microseconds a slot), ``line_us`` what the model reads for k = 0 .. K (the plain
-step's own figure, then the least-squares line through k >= 1, never below it), ``pooled_us`` one
-``context_slope`` over the rounds of every k >= 1.  A slot costs a longer chain more (the target's block
-attends from k + 1 queries, the drafter once a draft step) where the line rises; the pooled figure then
-prices K's context low and k = 1's high.  Prints one JSON object.
+rounds, in microseconds a slot for k = 0 .. K: ``per_k_us`` is ``context_slope`` over each k's rounds,
+``line_us`` what the model reads (``CostModel`` over ``context_line``'s figures: the plain step's own,
+then one Theil-Sen line through the pair slopes of every k >= 1, never below it), ``per_k_line_us``
+the model over ``per_k_us`` instead (a least-squares line through each k's own figure), ``pooled_us``
+one ``context_slope`` over the rounds of every k >= 1.  A slot costs a longer chain more (the target's
+block attends from k + 1 queries, the drafter once a draft step) where the line rises; the pooled
+figure then prices K's context low and k = 1's high.
+
+``steadiness`` compares the two lines over the calibrations, which measured the same thing, at every
+k >= 1: ``cv`` the median over k of a line's coefficient of variation across calibrations, ``error``
+the mean |relative error| of a calibration's line against ``all_rounds_us`` (the line through each k's
+own figure over the rounds of every calibration at once, 3 x more pairs a k per calibration: the
+closest this bench has to the truth).  The lower, the steadier the model one calibration leaves.
+Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import sys
 import torch
 
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
-from marsrl.engine.adaptive import CostModel, FixedK, context_slope
+from marsrl.engine.adaptive import CostModel, FixedK, context_line, context_slope
 from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld
 from marsrl.tinyworld.build import heldout_problems
 from marsrl.tinyworld.tokenizer import chat_prompt_ids
@@ -38,23 +47,51 @@ def _us(seconds: float) -> float:
     return round(1e6 * seconds, 2)
 
 
-def one_calibration(engine: SpeculativeEngine, prompts, group: int, k_max: int, seed: int) -> dict:
+def _model_line(figures: dict[int, float], rows: int, k_max: int) -> list[float]:
+    """The model's slot cost for k = 0 .. k_max from per-k figures, in microseconds."""
+    model = CostModel(rounds={rows: dict.fromkeys(range(k_max + 1), 1.0)}, per_slot={rows: figures})
+    return [_us(s) for s in model.slot_seconds_upto(rows, k_max)]
+
+
+def one_calibration(
+    engine: SpeculativeEngine, prompts, group: int, k_max: int, seed: int
+) -> tuple[dict, dict]:
     """The timed rounds of one calibration at ``len(prompts) * group`` rows (``calibration_runs``, as
-    ``calibrate`` takes them), as the three figures."""
+    ``calibrate`` takes them), as the four figures, and the rounds (k -> one list a run)."""
     ks = list(range(k_max + 1))
     rows = len(prompts) * group
     runs = engine.calibration_runs(prompts, group, seed=10 * seed)
-    per_k = {k: context_slope([run[k] for run in runs if k in run]) for k in ks}
-    model = CostModel(rounds={rows: dict.fromkeys(ks, 1.0)}, per_slot={rows: per_k})
+    groups = {k: [run[k] for run in runs if k in run] for k in ks}
+    per_k = {k: context_slope(g) for k, g in groups.items()}
+
+    def line(figures: dict[int, float]) -> list[float]:
+        return _model_line(figures, rows, k_max)
+
     pooled = context_slope([points for run in runs for k, points in run.items() if k > 0])
     return dict(
         per_k_us=[_us(per_k[k]) for k in ks],
-        line_us=[_us(s) for s in model.slot_seconds_upto(rows, k_max)],
+        line_us=line(context_line(groups)),
+        per_k_line_us=line(per_k),
         pooled_us=_us(pooled),
         widths=[
             min(w for run in runs for pts in run.values() for w, _ in pts),
             max(w for run in runs for pts in run.values() for w, _ in pts),
         ],
+    ), groups
+
+
+def steadiness(lines: list[list[float]], truth: list[float]) -> dict:
+    """Over k >= 1: each k's coefficient of variation across the calibrations' lines (their median over
+    k: ``cv``), and the mean |relative error| of every calibration's figure against ``truth``."""
+    cv = []
+    for figures in list(zip(*lines, strict=True))[1:]:
+        mean = statistics.fmean(figures)
+        cv.append(round(statistics.pstdev(figures) / mean, 3) if mean > 0 else 0.0)
+    errors = [
+        abs(line[k] - truth[k]) / truth[k] for line in lines for k in range(1, len(truth)) if truth[k] > 0
+    ]
+    return dict(
+        cv_per_k=cv, cv=statistics.median(cv), error=round(statistics.fmean(errors), 3) if errors else None
     )
 
 
@@ -93,11 +130,15 @@ def main(argv: list[str] | None = None) -> dict:
     engine._generate(
         prompts, SamplingParams(max_new_tokens=2, n=group, ignore_eos=True), FixedK(0)
     )  # warm-up
-    runs = []
+    k_max = args.max_draft_tokens
+    runs, rounds = [], {k: [] for k in range(k_max + 1)}
     for i in range(args.calibrations):
         print(f"[context_slope] calibration {i + 1}/{args.calibrations}", file=sys.stderr, flush=True)
-        runs.append(one_calibration(engine, prompts, group, args.max_draft_tokens, seed=i))
-    k_max = args.max_draft_tokens
+        figures, groups = one_calibration(engine, prompts, group, k_max, seed=i)
+        runs.append(figures)
+        for k, g in groups.items():
+            rounds[k] += g
+    truth = _model_line({k: context_slope(g) for k, g in rounds.items()}, n * group, k_max)
     result = dict(
         bench="context_slope",
         preset=args.preset,
@@ -109,7 +150,15 @@ def main(argv: list[str] | None = None) -> dict:
         calibrations=runs,
         median=dict(
             line_us=[round(statistics.median(r["line_us"][k] for r in runs), 2) for k in range(k_max + 1)],
+            per_k_line_us=[
+                round(statistics.median(r["per_k_line_us"][k] for r in runs), 2) for k in range(k_max + 1)
+            ],
             pooled_us=round(statistics.median(r["pooled_us"] for r in runs), 2),
+        ),
+        all_rounds_us=truth,
+        steadiness=dict(
+            line=steadiness([r["line_us"] for r in runs], truth),
+            per_k_line=steadiness([r["per_k_line_us"] for r in runs], truth),
         ),
     )
     print(json.dumps(result, indent=1))

@@ -518,9 +518,13 @@ def test_context_slope_bench_on_micro(micro_world, capsys):
         ]
     )
     (cal,) = out["calibrations"]
-    assert out["rows"] == 8 and len(cal["per_k_us"]) == len(cal["line_us"]) == 3
-    assert cal["line_us"][0] == cal["per_k_us"][0] and cal["pooled_us"] >= 0
-    assert cal["line_us"][0] <= cal["line_us"][1] <= cal["line_us"][2]
+    assert out["rows"] == 8 and len(cal["per_k_us"]) == len(cal["line_us"]) == len(cal["per_k_line_us"]) == 3
+    assert cal["line_us"][0] == cal["per_k_line_us"][0] == cal["per_k_us"][0] and cal["pooled_us"] >= 0
+    for line in (cal["line_us"], cal["per_k_line_us"]):
+        assert line[0] <= line[1] <= line[2]
+    # one calibration: its per-k line is the all-rounds line, no scatter across calibrations
+    assert out["all_rounds_us"] == cal["per_k_line_us"]
+    assert out["steadiness"]["per_k_line"]["cv"] == 0.0 and out["steadiness"]["per_k_line"]["error"] in (0.0, None)
     assert cal["widths"][0] < cal["widths"][1]
     assert '"pooled_us"' in capsys.readouterr().out
     with pytest.raises(SystemExit):

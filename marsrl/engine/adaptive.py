@@ -14,8 +14,8 @@ every call's measured rounds then set each batch size's level, all k alike, and 
 between k's, which only the calibration measures fairly (its k's share each second; see
 ``CostModel``).  It is taken at the round's context: every round reads
 each live row's cached keys and values, so its time grows with the cache's width (the shared time
-axis, in slots) by an added cost per slot, measured for every k (``context_slope``) and read as the
-plain step's own figure and a line in k through the others: the target's block attends over
+axis, in slots) by an added cost per slot: the plain step's own figure and one line in k through the
+rounds of every k >= 1 (``context_line``): the target's block attends over
 every slot from each of its k + 1 queries and the drafter once a draft step, so a slot costs a longer
 chain more.  The a_i are running estimates from the rounds of the current ``generate`` call
 (``AcceptanceEstimates``), started from the engine's earlier calls, scaled down to a few dozen rounds.
@@ -60,12 +60,18 @@ from dataclasses import dataclass, field
 
 
 def _interp(xs: list[float], ys: list[float], x: float) -> float:
-    """Piecewise-linear through (xs, ys), extended linearly past the ends (xs sorted, len >= 1)."""
+    """Piecewise-linear through (xs, ys), extended linearly past the ends (xs sorted, len >= 1).
+
+    Written as (1 - t) y0 + t y1: between two points that form keeps the order of two curves in
+    floating point too (each product and the sum round monotonically), and gives ys[i] exactly at
+    xs[i]; y0 + (y1 - y0) t can put a curve one ulp above another it equals at the point, which made
+    the model's slot cost at k = 1 read above k = 2's at a measured batch size (a test's flake)."""
     if len(xs) == 1:
         return ys[0] * (x / xs[0] if xs[0] else 1.0)
     i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    t = (x - x0) / (x1 - x0)
+    return (1 - t) * y0 + t * y1
 
 
 def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -83,6 +89,10 @@ def lower_quartile(values: list[float]) -> float:
     return sorted(values)[(len(values) - 1) // 4]
 
 
+def _pair_slopes(points: list[tuple[int, float]]) -> list[float]:
+    return [(t1 - t0) / (w1 - w0) for (w0, t0), (w1, t1) in itertools.combinations(points, 2) if w0 != w1]
+
+
 def context_slope(groups: list[list[tuple[int, float]]]) -> float:
     """Seconds a round gains per slot of cache width: the median of the slopes between every two rounds
     of a group (one k within one run: ``(width, seconds)`` each) at different widths, never below 0.
@@ -90,12 +100,35 @@ def context_slope(groups: list[list[tuple[int, float]]]) -> float:
     Pairs are only taken within a group, so neither the k's different costs nor a run's level (a
     shared machine's slow spell lasts seconds) reads as a slope, and the median (Theil-Sen) lets a
     minority of slow rounds pass without tilting it."""
-    slopes = []
-    for points in groups:
-        for (w0, t0), (w1, t1) in itertools.combinations(points, 2):
-            if w0 != w1:
-                slopes.append((t1 - t0) / (w1 - w0))
+    slopes = [s for points in groups for s in _pair_slopes(points)]
     return max(statistics.median(slopes), 0.0) if slopes else 0.0
+
+
+def context_line(groups: dict[int, list[list[tuple[int, float]]]]) -> dict[int, float]:
+    """Seconds a slot of cache width adds to a round drafting k, for every k in ``groups`` (k -> groups
+    of ``(width, seconds)`` rounds, as ``context_slope`` takes them), fitted jointly: k = 0 (a plain
+    step: no drafter, one query a row) is ``context_slope`` of its own rounds, and the k >= 1 figures
+    lie on one line a + b k through the pair slopes of every k at once (Theil-Sen in k: b the median
+    of (s_q - s_p) / (k_q - k_p) over every two pair slopes at different k's, at least 0; a the median
+    of s - b k), each figure at least 0.
+
+    Why jointly: the line is what the model reads (``_shaped``), and a line through each k's own
+    median leaned on medians of a few pairs each (nine in a calibration): on this CPU a high k's median
+    read 0 in three calibrations of six and pulled the line flat (``bench/context_slope.py``).  Fitted
+    to every k's pairs, a k whose few rounds were unlucky is one column of many."""
+    out = {k: context_slope(g) for k, g in groups.items() if k == 0}
+    obs = [(k, s) for k, g in groups.items() if k > 0 for points in g for s in _pair_slopes(points)]
+    ks = sorted({k for k, _ in obs})
+    if len(ks) < 2:  # one k (or none) with pairs: its own median
+        return {**out, **{k: context_slope(g) for k, g in groups.items() if k > 0}}
+    b = max(
+        statistics.median(
+            (s1 - s0) / (k1 - k0) for (k0, s0), (k1, s1) in itertools.combinations(obs, 2) if k0 != k1
+        ),
+        0.0,
+    )
+    a = statistics.median(s - b * k for k, s in obs)
+    return {**out, **{k: max(a + b * k, 0.0) for k in groups if k > 0}}
 
 
 def _shaped(figures: dict[int, float], k_max: int) -> list[float]:
@@ -119,12 +152,12 @@ class CostModel:
         t(rows, k, width) = level[rows] * (rounds[rows][k] + per_slot[rows][k] * width)
 
     ``rounds[rows][k]``: the round at an empty cache (measured rounds with their context taken off);
-    ``per_slot[rows][k]``: the seconds each slot of context adds (``context_slope``; none measured
-    means 0, and the model is the same at every width).  The table may give every k its own figure
-    (the target scores k + 1 queries against every slot, the drafter reads its cache once per draft);
-    ``SpeculativeEngine.calibrate`` measures one a k (it pooled every k >= 1 into one figure until
-    2026-12-04, which priced a long chain's context low; see ``calibrate``).  Both tables are read the
-    same way: per
+    ``per_slot[rows][k]``: the seconds each slot of context adds (none measured means 0, and the model
+    is the same at every width).  The table may give every k its own figure (the target scores k + 1
+    queries against every slot, the drafter reads its cache once per draft); ``calibrate`` stores
+    ``context_line``'s, already a line in k (it pooled every k >= 1 into one figure until 2026-12-04,
+    which priced a long chain's context low, and then fitted the line to each k's own figure; see
+    ``calibrate``).  Both tables are read the same way: per
     measured batch size, the plain step's own figure at k = 0 and a line in k through the k >= 1
     figures (least squares, slope >= 0, never below the plain step; ``_shaped``): a speculative round
     pays the drafter's absorb and a wider forward even at k = 1, a step a line through k = 0 would

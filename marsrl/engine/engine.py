@@ -37,7 +37,7 @@ import torch
 from ..trajectory import PER_TOKEN_FIELDS, Trajectory
 from ..verify import Provenance, sample_plain, verify_chain, verify_tree
 from ..verify.dist import sample_from_weights
-from .adaptive import CostModel, CycleK, FixedK, KPlanner, SpeedCheck, context_slope
+from .adaptive import CostModel, CycleK, FixedK, KPlanner, SpeedCheck, context_line
 from .attention import check_attention, target_attention
 from .cache import RaggedCache
 from .config import EngineConfig, SamplingParams
@@ -463,17 +463,19 @@ class SpeculativeEngine:
         round a k made k = 1 absorb K's pairs (passing up) and K absorb k = 1's (passing down), which
         priced k = 1 above a run at k = 1 by up to 15% relative to the other k's in some readings on
         this CPU (``bench/calibration_bias.py``).  The context grows along a run,
-        so the rounds give the seconds a slot of cache width adds (``context_slope``, pairs within one
-        k of one run: ``CostModel.per_slot``), one figure a k, which the model reads as the plain step's
-        own and a line in k through the k >= 1 figures: a round drafting k reads the cache k + 1 times
-        in the target's block and once per draft step in the drafter, so a slot costs more the longer
-        the chain.  One figure pooled over every k >= 1 (the model before 2026-12-04) prices K's
-        context low and k = 1's high, and at the wide caches late in a call leans the choice toward
-        long chains.  ``bench/context_slope.py`` on this CPU: one calibration's line ran from 95 us a
-        slot at k = 1 to 257 at k = 7 against a pooled 157 (128 rows, strict), another from 24 to 43
-        against 31 (32 rows, mars); but each k's figure is the median of few pairs of rounds, and in the
-        other 4 of 6 calibrations they scattered (a high k as low as 0 in three) and the line came
-        out flat or nearly so, about the pooled figure.  A run's figure
+        so the rounds give the seconds a slot of cache width adds (``CostModel.per_slot``): the plain
+        step's own figure (``context_slope``: the median slope between two rounds of one run) and one
+        line in k fitted to the pairs of rounds of every k >= 1 at once (``context_line``): a round
+        drafting k reads the cache k + 1 times in the target's block and once per draft step in the
+        drafter, so a slot costs more the longer the chain.  One figure pooled over every k >= 1 (the
+        model before 2026-12-04) prices K's context low and k = 1's high, and at the wide caches late in
+        a call leans the choice toward long chains; a line through each k's own median (2026-12-04)
+        leaned on nine pairs a k, and a high k read as low as 0 in three calibrations of six.
+        ``bench/context_slope.py --calibrations 8`` (2026-12-04, the same rounds read both ways): the
+        joint line's median CV across calibrations 0.30 against 0.34 at 128 rows (strict), 0.37
+        against 0.32 at 32 rows (mars), mean error against the line over all 8 calibrations' rounds
+        0.30 against 0.36 and 0.34 against 0.33: a single calibration's line is uncertain by about a
+        third either way on this CPU.  A run's figure
         for k is the median of its timed rounds at k with their context taken off, and each k's figure
         is the lower quartile of its runs' (``CostModel.add_run``; the least of up to four).  A
         round's time varies little within a run, but a shared machine slows whole seconds at a time:
@@ -502,8 +504,8 @@ class SpeculativeEngine:
             r = n * group
             self._generate(batch, SamplingParams(max_new_tokens=2, n=group, ignore_eos=True), FixedK(0))
             runs = self.calibration_runs(batch, group, repeats, cycles, span, repeat)
-            # each k's own slope; the model reads a line in k through the k >= 1 figures (``_shaped``)
-            costs.per_slot[r] = {k: context_slope([run[k] for run in runs if k in run]) for k in ks}
+            # the plain step's own slope and one line in k through every k >= 1's pairs (``context_line``)
+            costs.per_slot[r] = context_line({k: [run[k] for run in runs if k in run] for k in ks})
             slopes = costs.slot_seconds_upto(r, ks[-1])  # as the model reads them
             for rounds in runs:
                 for k, points in sorted(rounds.items()):
