@@ -22,8 +22,8 @@ figure then prices K's context low and k = 1's high.
 k >= 1: ``cv`` the median over k of a line's coefficient of variation across calibrations, ``error``
 the mean |relative error| of a calibration's line against ``all_rounds_us`` (the line through each k's
 own figure over the rounds of every calibration at once, as many times the pairs a k as there are
-calibrations: the closest this bench has to the truth).  The lower, the steadier the model one calibration leaves.
-Prints one JSON object.
+calibrations: the closest this bench has to the truth).  The lower, the steadier the model one
+calibration leaves.  Prints one JSON object.
 """
 
 from __future__ import annotations

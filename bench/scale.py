@@ -41,10 +41,12 @@ pair clear of 1 by more than the margin keeps the sweep's pass.
 "bars" holds the issue's acceptance bars, each as {value, bar, pass, judged_on}: ``value`` the ratio of
 the sweep's medians, ``paired`` the median and IQR of its per-call ratios, ``confirm`` the head-to-head's
 ratio where both systems ran there, and ``pass`` judges that one where present, else the sweep's
-(``compute_bars``).  "noise_floor" is the A/A control: a second, identical plain engine
-(``plain_control``) against plain, whose true ratio is 1, in the sweep and in the head-to-head
-(``noise_floor``).  "cost_model" is the adaptive mode's model as calibrated and
-after every auto call's rounds were folded in.
+(``compute_bars``); a head-to-head bar's ``resolved`` says whether its 90% interval lies wholly on one
+side of the bar, and "failed_resolved" lists the failures whose interval lies wholly under it (the
+others in "failed" miss by less than this run can tell from a pass).  "noise_floor" is the A/A
+control: a second, identical plain engine (``plain_control``) against plain, whose true ratio is 1, in
+the sweep and in the head-to-head (``noise_floor``).  "cost_model" is the adaptive mode's model as
+calibrated and after every auto call's rounds were folded in.
 
 Prints one JSON object on stdout; progress goes to stderr.  Reuses the world cached under
 ``$MARSRL_CACHE`` (``~/.cache/marsrl``) and builds it only when it is missing.
@@ -146,6 +148,8 @@ def compute_bars(
         if confirmed is not None:
             out["confirm"] = confirmed
             out["pass"] = confirmed["value"] >= level
+            lo, hi = confirmed["ci"]
+            out["resolved"] = hi < level or lo >= level
         if out["pass"] is not None:
             out["judged_on"] = "confirm" if confirmed is not None else "sweep"
         return out
@@ -189,6 +193,14 @@ def compute_bars(
         out[batch] = row
     verdicts = {f"{batch}.{name}": b["pass"] for batch, row in out.items() for name, b in row.items()}
     out["failed"] = [name for name, ok in verdicts.items() if ok is False]
+    # failures whose head-to-head interval lies wholly under the bar: this run resolves them
+    out["failed_resolved"] = [
+        f"{batch}.{name}"
+        for batch, row in out.items()
+        if batch.startswith("batch_")
+        for name, b in row.items()
+        if b["pass"] is False and b.get("resolved")
+    ]
     out["all_pass"] = None if None in verdicts.values() else not out["failed"]
     return out
 

@@ -262,7 +262,34 @@ def test_scale_bars_judge_the_head_to_head():
     assert auto["pass"] is True and auto["judged_on"] == "confirm"
     assert row["strict_auto_vs_plain"]["confirm"]["value"] == round(400 / 3 / 100, 4)  # 400 tokens in 3 s
     assert row["mars_auto_vs_best_fixed"]["judged_on"] == "sweep"  # mars ran no head-to-head here
-    assert "confirm" not in row["mars_vs_strict_k1"]
+    assert "confirm" not in row["mars_vs_strict_k1"] and "resolved" not in row["mars_auto_vs_best_fixed"]
+    # identical calls: an interval of [1, 1], wholly above 0.97; a bar the sweep judges is never resolved
+    assert auto["confirm"]["ci"] == [1.0, 1.0] and auto["resolved"] is True
+
+
+def test_scale_lists_the_failures_a_run_resolves():
+    """A failed bar is resolved where its head-to-head interval lies wholly under the bar: strict auto
+    at 0.90 of strict_k1 in every call (interval [0.90, 0.90]) is; mars auto at 0.95 of mars_k1 over
+    calls reading 0.85 and 1.05 (interval across 0.97) is not; a sweep failure never is."""
+    bench = _load_bench("scale")
+    rates = {"plain": 100.0, "strict_k1": 150.0, "strict_auto": 135.0, "mars_k1": 150.0, "mars_auto": 142.0}
+    rates |= {"strict_tree": 100.0, "mars_tree": 90.0}  # mars < strict for the tree, in the sweep alone
+    base = [(100, 1.0)] * 8
+    confirm = {
+        "batch_8": {
+            "strict_k1": base,
+            "strict_auto": [(90, 1.0)] * 8,
+            "mars_k1": base,
+            "mars_auto": [(85, 1.0), (105, 1.0)] * 4,
+        }
+    }
+    bars = bench.compute_bars({"batch_8": rates}, [1], auto_ok=True, confirm=confirm)
+    row = bars["batch_8"]
+    assert row["strict_auto_vs_best_fixed"]["pass"] is False and row["strict_auto_vs_best_fixed"]["resolved"]
+    lo, hi = row["mars_auto_vs_best_fixed"]["confirm"]["ci"]
+    assert lo < 0.97 <= hi and row["mars_auto_vs_best_fixed"]["resolved"] is False
+    assert {"batch_8.mars_auto_vs_best_fixed", "batch_8.mars_vs_strict_tree"} <= set(bars["failed"])
+    assert bars["failed_resolved"] == ["batch_8.strict_auto_vs_best_fixed"]
 
 
 def test_scale_close_calls_join_the_head_to_head_and_it_judges_them():
@@ -524,7 +551,8 @@ def test_context_slope_bench_on_micro(micro_world, capsys):
         assert line[0] <= line[1] <= line[2]
     # one calibration: its per-k line is the all-rounds line, no scatter across calibrations
     assert out["all_rounds_us"] == cal["per_k_line_us"]
-    assert out["steadiness"]["per_k_line"]["cv"] == 0.0 and out["steadiness"]["per_k_line"]["error"] in (0.0, None)
+    steady = out["steadiness"]["per_k_line"]
+    assert steady["cv"] == 0.0 and steady["error"] in (0.0, None)
     assert cal["widths"][0] < cal["widths"][1]
     assert '"pooled_us"' in capsys.readouterr().out
     with pytest.raises(SystemExit):
