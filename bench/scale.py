@@ -42,11 +42,11 @@ pair clear of 1 by more than the margin keeps the sweep's pass.
 the sweep's medians, ``paired`` the median and IQR of its per-call ratios, ``confirm`` the head-to-head's
 ratio where both systems ran there, and ``pass`` judges that one where present, else the sweep's
 (``compute_bars``); a head-to-head bar's ``resolved`` says whether its 90% interval lies wholly on one
-side of the bar, and "failed_resolved" lists the failures whose interval lies wholly under it (the
-others in "failed" miss by less than this run can tell from a pass).  "noise_floor" is the A/A
-control: a second, identical plain engine (``plain_control``) against plain, whose true ratio is 1, in
-the sweep and in the head-to-head (``noise_floor``).  "cost_model" is the adaptive mode's model as
-calibrated and after every auto call's rounds were folded in.
+side of the bar (None under ``RESOLVE_PAIRS`` calls), and "failed_resolved" lists the failures whose
+interval lies wholly under it (the others in "failed" miss by less than this run can tell from a
+pass).  "noise_floor" is the A/A control: a second, identical plain engine (``plain_control``) against
+plain, whose true ratio is 1, in the sweep and in the head-to-head (``noise_floor``).  "cost_model" is
+the adaptive mode's model as calibrated and after every auto call's rounds were folded in.
 
 Prints one JSON object on stdout; progress goes to stderr.  Reuses the world cached under
 ``$MARSRL_CACHE`` (``~/.cache/marsrl``) and builds it only when it is missing.
@@ -76,6 +76,7 @@ from marsrl.tinyworld.build import heldout_problems
 from marsrl.tinyworld.tokenizer import chat_prompt_ids
 
 RULES = ("strict", "mars")
+RESOLVE_PAIRS = 4  # the fewest head-to-head calls whose interval can call a bar resolved
 AUTO_VS_BEST = 0.97  # adaptive tok/s against the best of plain and every fixed K, at every B
 SPEEDUP_BARS = {"strict": 1.3, "mars": 1.5}  # adaptive tok/s over plain at B = 128
 
@@ -149,7 +150,8 @@ def compute_bars(
             out["confirm"] = confirmed
             out["pass"] = confirmed["value"] >= level
             lo, hi = confirmed["ci"]
-            out["resolved"] = hi < level or lo >= level
+            # a bootstrap over fewer pairs (--quick: one) is no interval at all
+            out["resolved"] = (hi < level or lo >= level) if confirmed["n"] >= RESOLVE_PAIRS else None
         if out["pass"] is not None:
             out["judged_on"] = "confirm" if confirmed is not None else "sweep"
         return out

@@ -263,8 +263,8 @@ def test_scale_bars_judge_the_head_to_head():
     assert row["strict_auto_vs_plain"]["confirm"]["value"] == round(400 / 3 / 100, 4)  # 400 tokens in 3 s
     assert row["mars_auto_vs_best_fixed"]["judged_on"] == "sweep"  # mars ran no head-to-head here
     assert "confirm" not in row["mars_vs_strict_k1"] and "resolved" not in row["mars_auto_vs_best_fixed"]
-    # identical calls: an interval of [1, 1], wholly above 0.97; a bar the sweep judges is never resolved
-    assert auto["confirm"]["ci"] == [1.0, 1.0] and auto["resolved"] is True
+    # identical calls give an interval of [1, 1], but two calls are too few to call anything resolved
+    assert auto["confirm"]["ci"] == [1.0, 1.0] and auto["resolved"] is None
 
 
 def test_scale_lists_the_failures_a_run_resolves():
@@ -290,6 +290,10 @@ def test_scale_lists_the_failures_a_run_resolves():
     assert lo < 0.97 <= hi and row["mars_auto_vs_best_fixed"]["resolved"] is False
     assert {"batch_8.mars_auto_vs_best_fixed", "batch_8.mars_vs_strict_tree"} <= set(bars["failed"])
     assert bars["failed_resolved"] == ["batch_8.strict_auto_vs_best_fixed"]
+    # one call a system (--quick): its "interval" is a point, and nothing is resolved
+    one = {"batch_8": {name: calls[:1] for name, calls in confirm["batch_8"].items()}}
+    bars = bench.compute_bars({"batch_8": rates}, [1], auto_ok=True, confirm=one)
+    assert bars["batch_8"]["strict_auto_vs_best_fixed"]["resolved"] is None and bars["failed_resolved"] == []
 
 
 def test_scale_close_calls_join_the_head_to_head_and_it_judges_them():
