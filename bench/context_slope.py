@@ -63,15 +63,11 @@ def one_calibration(
     runs = engine.calibration_runs(prompts, group, seed=10 * seed)
     groups = {k: [run[k] for run in runs if k in run] for k in ks}
     per_k = {k: context_slope(g) for k, g in groups.items()}
-
-    def line(figures: dict[int, float]) -> list[float]:
-        return _model_line(figures, rows, k_max)
-
     pooled = context_slope([points for run in runs for k, points in run.items() if k > 0])
     return dict(
         per_k_us=[_us(per_k[k]) for k in ks],
-        line_us=line(context_line(groups)),
-        per_k_line_us=line(per_k),
+        line_us=_model_line(context_line(groups), rows, k_max),
+        per_k_line_us=_model_line(per_k, rows, k_max),
         pooled_us=_us(pooled),
         widths=[
             min(w for run in runs for pts in run.values() for w, _ in pts),
