@@ -561,3 +561,51 @@ def test_context_slope_bench_on_micro(micro_world, capsys):
     assert '"pooled_us"' in capsys.readouterr().out
     with pytest.raises(SystemExit):
         bench.main(["--world", str(micro_world), "--preset", "micro", "--calibrations", "0"])
+
+
+def test_train_bench_step_costs_by_hand(monkeypatch):
+    """bench/train.py's step costs without training: ``run`` replaced by fixed per-step rows. The first
+    step of every run is dropped, each configuration gets its overrides (auto ones the engine's "auto"),
+    and the ratios are the medians' ratios."""
+    import argparse
+
+    bench = _load_bench("train")
+    speed = {"plain": 100.0, "strict": 90.0, "mars": 120.0, "strict_auto": 99.0, "mars_auto": 132.0}
+    calls = []
+
+    def fake_run(preset, arm, steps, out, drafter, overrides):
+        calls.append((arm.name, drafter, list(overrides)))
+        s = speed[arm.name]
+        warm = dict.fromkeys(("train/step_seconds", "train/rollout/tokens_per_s"), 1e6)
+        rows = [
+            {
+                "train/step_seconds": 2.0 if arm.name != "mars" else 1.8,
+                "train/rollout/share_of_step": 0.25,
+                "train/rollout/tokens_per_s": s,
+                "train/rollout/tau": 1.0,
+                "train/completions/mean_length": 70.0,
+                "train/timing/policy_forward_seconds": 0.3,
+                "train/timing/correction_seconds": 0.01,
+                **({"train/timing/draft_refresh_seconds": 0.2} if drafter else {}),
+            }
+            for _ in range(steps - 1)
+        ]
+        return [warm, *rows]  # the warm-up step would swing every median if it were kept
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    args = argparse.Namespace(preset="micro", steps=2, rounds=2, set=["trainer.max_steps=2"], no_auto=False)
+    out = bench.step_costs(args)
+    assert [c[0] for c in calls] == [*speed] * 2  # interleaved rounds
+    auto = "pool.worker.engine.num_draft_tokens=auto"
+    assert all((auto in c[2]) == c[0].endswith("_auto") and "trainer.max_steps=2" in c[2] for c in calls)
+    assert [c[1] for c in calls[:5]] == [False, True, True, True, True]
+    assert out["strict_auto_rollout_vs_strict"] == pytest.approx(1.1)
+    assert out["mars_auto_rollout_vs_mars"] == pytest.approx(1.1)
+    assert out["mars_step_vs_strict"] == pytest.approx(0.9)
+    assert out["strict"]["steps_measured"] == 2 and out["strict"]["refresh_share_of_its_step"] == 0.1
+    assert out["plain"]["refresh_share_of_its_step"] is None
+    args.no_auto = True
+    calls.clear()
+    out = bench.step_costs(args)
+    assert [c[0] for c in calls] == ["plain", "strict", "mars"] * 2
+    assert not any(k.endswith("_auto") or "_auto_" in k for k in out)
