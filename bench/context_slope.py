@@ -5,18 +5,19 @@ before that; all four from the same timed rounds.
 
     python bench/context_slope.py                  # default world, 32 rows, mars, 3 calibrations
     python bench/context_slope.py --rows 128 --rule strict
+    python bench/context_slope.py --rows 128 --rule strict --repeats 6   # twice the timed rounds a k
     python bench/context_slope.py --preset micro --rows 8 --calibrations 1 --max-draft-tokens 2   # smoke
 
 Each calibration runs what ``SpeculativeEngine.calibrate`` runs at one batch size
-(``SpeculativeEngine.calibration_runs``: three calls cycling k = 0 .. K, two rounds a k, the second
-timed, up and down in turn) on the world's own prompts, and reads the (width, seconds) of the timed
-rounds, in microseconds a slot for k = 0 .. K: ``per_k_us`` is ``context_slope`` over each k's rounds,
-``line_us`` what the model reads (``CostModel`` over ``context_line``'s figures: the plain step's own,
-then one Theil-Sen line through the pair slopes of every k >= 1, never below it), ``per_k_line_us``
-the model over ``per_k_us`` instead (a least-squares line through each k's own figure), ``pooled_us``
-one ``context_slope`` over the rounds of every k >= 1.  A slot costs a longer chain more (the target's
-block attends from k + 1 queries, the drafter once a draft step) where the line rises; the pooled
-figure then prices K's context low and k = 1's high.
+(``SpeculativeEngine.calibration_runs``: ``--repeats`` calls, three by default, cycling k = 0 .. K, two
+rounds a k, the second timed, up and down in turn) on the world's own prompts, and reads the (width,
+seconds) of the timed rounds, in microseconds a slot for k = 0 .. K: ``per_k_us`` is ``context_slope``
+over each k's rounds, ``line_us`` what the model reads (``CostModel`` over ``context_line``'s figures:
+the plain step's own, then one Theil-Sen line through the pair slopes of every k >= 1, never below it),
+``per_k_line_us`` the model over ``per_k_us`` instead (a least-squares line through each k's own
+figure), ``pooled_us`` one ``context_slope`` over the rounds of every k >= 1. A slot costs a longer
+chain more (the target's block attends from k + 1 queries, the drafter once a draft step) where the line
+rises; the pooled figure then prices K's context low and k = 1's high.
 
 ``steadiness`` compares the two lines over the calibrations, which measured the same thing, at every
 k >= 1: ``cv`` the median over k of a line's coefficient of variation across calibrations, ``error``
@@ -54,13 +55,13 @@ def _model_line(figures: dict[int, float], rows: int, k_max: int) -> list[float]
 
 
 def one_calibration(
-    engine: SpeculativeEngine, prompts, group: int, k_max: int, seed: int
+    engine: SpeculativeEngine, prompts, group: int, k_max: int, seed: int, repeats: int = 3
 ) -> tuple[dict, dict]:
     """The timed rounds of one calibration at ``len(prompts) * group`` rows (``calibration_runs``, as
     ``calibrate`` takes them), as the four figures, and the rounds (k -> one list a run)."""
     ks = list(range(k_max + 1))
     rows = len(prompts) * group
-    runs = engine.calibration_runs(prompts, group, seed=10 * seed)
+    runs = engine.calibration_runs(prompts, group, repeats=repeats, seed=10 * seed)
     groups = {k: [run[k] for run in runs if k in run] for k in ks}
     per_k = {k: context_slope(g) for k, g in groups.items()}
     pooled = context_slope([points for run in runs for k, points in run.items() if k > 0])
@@ -98,10 +99,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rows", type=int, default=32, help="live rows (groups of up to 8 sharing a prompt)")
     ap.add_argument("--rule", choices=["strict", "mars"], default="mars")
     ap.add_argument("--calibrations", type=int, default=3)
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="runs a calibration (calibrate's repeats; its default 3)"
+    )
     ap.add_argument("--max-draft-tokens", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     args = ap.parse_args(argv)
-    for name in ("rows", "calibrations", "max_draft_tokens", "threads"):
+    for name in ("rows", "calibrations", "repeats", "max_draft_tokens", "threads"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     torch.set_num_threads(args.threads)
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
     runs, rounds = [], {k: [] for k in range(k_max + 1)}
     for i in range(args.calibrations):
         print(f"[context_slope] calibration {i + 1}/{args.calibrations}", file=sys.stderr, flush=True)
-        figures, groups = one_calibration(engine, prompts, group, k_max, seed=i)
+        figures, groups = one_calibration(engine, prompts, group, k_max, seed=i, repeats=args.repeats)
         runs.append(figures)
         for k, g in groups.items():
             rounds[k] += g
@@ -142,6 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows=n * group,
         rule=args.rule,
         max_draft_tokens=k_max,
+        repeats=args.repeats,
         threads=args.threads,
         calibrations=runs,
         median=dict(

@@ -544,11 +544,14 @@ def test_context_slope_bench_on_micro(micro_world, capsys):
             "8",
             "--calibrations",
             "1",
+            "--repeats",
+            "2",
             "--max-draft-tokens",
             "2",
         ]
     )
     (cal,) = out["calibrations"]
+    assert out["repeats"] == 2
     assert out["rows"] == 8 and len(cal["per_k_us"]) == len(cal["line_us"]) == len(cal["per_k_line_us"]) == 3
     assert cal["line_us"][0] == cal["per_k_line_us"][0] == cal["per_k_us"][0] and cal["pooled_us"] >= 0
     for line in (cal["line_us"], cal["per_k_line_us"]):
