@@ -3,6 +3,7 @@
     python bench/calibration.py                     # default world, max batch 128, K = 7, 4 calibrations
     python bench/calibration.py --calibrations 8 --acceptance 0.8 0.9
     python bench/calibration.py --preset micro --max-batch 8 --calibrations 2   # a smoke run
+    python bench/calibration.py --repeats 3 6      # calibrate's runs a size: 3 (the default) against 6
 
 ``num_draft_tokens="auto"`` chooses each round's k from a cost model measured once per engine
 (``SpeculativeEngine.calibrate``).  Near the optimum the expected tokens per second of neighbouring k
@@ -19,6 +20,13 @@ empty-cache figure, ``CostModel.per_slot``).  It reports:
   batch in ``--batches``, the k each calibration's model chooses, and ``regret``: how much slower that
   choice is than the best k, both judged by the mean of all calibrations' models (the best estimate
   here of the true costs).  A steady calibration chooses one k, or neighbours with regret near 0.
+
+``--repeats R1 R2 ...`` calibrates with each number of runs a batch size (``calibrate(repeats=R)``, whose
+figure for a k is the lower quartile of its runs), the settings interleaved calibration by calibration
+so a slow spell of the machine falls on each alike.  Each setting's calibrations are then judged by the
+mean of *every* setting's models (one truth for all), under ``by_repeats``, with ``mean_regret``: the
+mean over every acceptance rate and batch of the mean regret (the figure that tells whether more runs
+buy a steadier choice).
 
 Prints one JSON object.
 """
@@ -73,10 +81,16 @@ def _spread(values: list[float], key: str = "values") -> dict:
 
 
 def summarise(
-    models: list[CostModel], batches: list[int], k_max: int, acceptance: list[float], width: int = 0
+    models: list[CostModel],
+    batches: list[int],
+    k_max: int,
+    acceptance: list[float],
+    width: int = 0,
+    truth: CostModel | None = None,
 ) -> dict:
-    """``figures_ms``, ``per_slot_us`` and ``choices`` (see the module's docstring) of calibrations on
-    one grid, judged at a cache ``width`` slots wide."""
+    """``figures_ms``, ``per_slot_us``, ``choices`` and ``mean_regret`` (see the module's docstring) of
+    calibrations on one grid, judged at a cache ``width`` slots wide by ``truth`` (default: the mean of
+    ``models``)."""
     grid = sorted(models[0].rounds)
     figures, slots = {}, {}
     for r in grid:
@@ -85,8 +99,8 @@ def summarise(
             figures[str(r)][str(k)] = _spread([1e3 * m.round_seconds(r, k, width) for m in models], "ms")
             if models[0].per_slot:
                 slots[str(r)][str(k)] = _spread([1e6 * m.slot_seconds(r, k) for m in models])
-    truth = mean_model(models)
-    choices = {}
+    truth = truth or mean_model(models)
+    choices, regrets = {}, []
     for a in acceptance:
         choices[str(a)] = {}
         for rows in batches:
@@ -97,13 +111,20 @@ def summarise(
                 own = rates(m, rows, k_max, a, width)
                 picked.append(max(range(k_max + 1), key=lambda k, own=own: (own[k], -k)))
             regret = [1 - true[k] / true[best] for k in picked]
+            regrets.append(statistics.fmean(regret))
             choices[str(a)][str(rows)] = {
                 "best_by_mean_model": best,
                 "chosen": picked,
                 "counts": dict(sorted(Counter(map(str, picked)).items())),
                 "regret": {"mean": round(statistics.fmean(regret), 4), "max": round(max(regret), 4)},
             }
-    return {"width": width, "figures_ms": figures, "per_slot_us": slots, "choices": choices}
+    return {
+        "width": width,
+        "figures_ms": figures,
+        "per_slot_us": slots,
+        "choices": choices,
+        "mean_regret": round(statistics.fmean(regrets), 4),
+    }
 
 
 def main(argv=None) -> dict:
@@ -123,6 +144,13 @@ def main(argv=None) -> dict:
         default=160,
         help="cache width (slots) to judge the models at (160: about the middle of a tiny-world call)",
     )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        nargs="+",
+        default=[3],
+        help="calibrate's runs a batch size (its default 3); several values are compared, interleaved",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     args = ap.parse_args(argv)
     if args.calibrations < 2:
@@ -131,6 +159,8 @@ def main(argv=None) -> dict:
         ap.error("--width: a cache width is a number of slots >= 0")
     if not all(0 < a < 1 for a in args.acceptance):
         ap.error("--acceptance: rates must lie in (0, 1)")
+    if min(args.repeats) < 1 or len(set(args.repeats)) < len(args.repeats):
+        ap.error("--repeats: distinct numbers of runs, each >= 1")
     torch.set_num_threads(args.threads)
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON
         path = args.world or build_tinyworld(args.preset, progress=False)
@@ -142,21 +172,39 @@ def main(argv=None) -> dict:
     k_max = args.max_draft_tokens
     config = EngineConfig(num_draft_tokens="auto", max_draft_tokens=k_max, max_batch_size=args.max_batch)
     engine = SpeculativeEngine(target, head, config)
-    models, seconds = [], []
+    models: dict[int, list[CostModel]] = {r: [] for r in args.repeats}
+    seconds: dict[int, list[float]] = {r: [] for r in args.repeats}
     for i in range(args.calibrations):
-        start = time.perf_counter()
-        models.append(engine.calibrate(prompts=prompts))
-        seconds.append(round(time.perf_counter() - start, 2))
-        print(f"[calibration] {i + 1}/{args.calibrations}: {seconds[-1]} s", file=sys.stderr, flush=True)
+        # alternate the settings' order so neither always runs first in a pair
+        for r in args.repeats if i % 2 == 0 else args.repeats[::-1]:
+            start = time.perf_counter()
+            models[r].append(engine.calibrate(prompts=prompts, repeats=r))
+            seconds[r].append(round(time.perf_counter() - start, 2))
+            print(
+                f"[calibration] {i + 1}/{args.calibrations} repeats={r}: {seconds[r][-1]} s",
+                file=sys.stderr,
+                flush=True,
+            )
     out = {
         "bench": "calibration",
         "preset": args.preset,
         "max_batch": args.max_batch,
         "max_draft_tokens": k_max,
         "threads": args.threads,
-        "seconds": seconds,
-        **summarise(models, args.batches, k_max, args.acceptance, args.width),
     }
+    if len(args.repeats) == 1:
+        (r,) = args.repeats
+        out |= {"repeats": r, "seconds": seconds[r]}
+        out |= summarise(models[r], args.batches, k_max, args.acceptance, args.width)
+    else:
+        truth = mean_model([m for r in args.repeats for m in models[r]])
+        out["by_repeats"] = {
+            str(r): {
+                "seconds": seconds[r],
+                **summarise(models[r], args.batches, k_max, args.acceptance, args.width, truth=truth),
+            }
+            for r in args.repeats
+        }
     print(json.dumps(out, indent=1))
     return out
 

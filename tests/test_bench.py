@@ -427,6 +427,12 @@ def test_calibration_bench_judges_each_choice_by_the_mean_model():
     assert near["figures_ms"]["1"]["2"]["ms"] == [1400.0, 1400.0]
     assert near["per_slot_us"]["1"]["2"] == {"values": [1000.0, 1000.0], "cv": 0.0}
     assert "cv" not in near["per_slot_us"]["1"]["0"]
+    assert out["mean_regret"] == pytest.approx((1 - 1.09375 / 1.25) / 2, abs=1e-4)
+    # judged by a given truth instead of their own mean: model two's dear k = 2 is the truth, so model
+    # one's pick of k = 2 costs 1 - (1.75 / 1.9) / 1.25 and model two's pick of k = 1 nothing
+    judged = summarise([one, two], batches=[1], k_max=2, acceptance=[0.5], truth=two)
+    assert judged["choices"]["0.5"]["1"]["best_by_mean_model"] == 1
+    assert judged["mean_regret"] == pytest.approx((1 - (1.75 / 1.9) / 1.25) / 2, abs=1e-4)
 
 
 def test_calibration_bench_on_micro(micro_world, capsys):
@@ -441,8 +447,19 @@ def test_calibration_bench_on_micro(micro_world, capsys):
         pick = out["choices"]["0.6"][rows]
         assert len(pick["chosen"]) == 2 and 0 <= pick["regret"]["mean"] <= pick["regret"]["max"] < 1
     assert '"choices"' in capsys.readouterr().out
+    assert out["repeats"] == 3 and 0 <= out["mean_regret"] < 1
     with pytest.raises(SystemExit):
         bench.main([*args[:-1], "1"])  # one calibration compares nothing
+    with pytest.raises(SystemExit):
+        bench.main([*args, "--repeats", "2", "2"])  # the same setting twice compares nothing
+    # two settings of calibrate's runs, each judged by the pooled mean of both settings' models
+    two = bench.main(
+        [*args, "--max-draft-tokens", "1", "--batches", "8", "--acceptance", "0.6", "--repeats", "1", "2"]
+    )
+    assert set(two["by_repeats"]) == {"1", "2"} and "choices" not in two
+    for setting in two["by_repeats"].values():
+        assert len(setting["seconds"]) == 2 and len(setting["choices"]["0.6"]["8"]["chosen"]) == 2
+        assert 0 <= setting["mean_regret"] < 1
 
 
 def test_calibration_bias_bench_on_micro(micro_world, capsys):
