@@ -127,6 +127,20 @@ def summarise(
     }
 
 
+def compare_settings(
+    models: dict[int, list[CostModel]],
+    batches: list[int],
+    k_max: int,
+    acceptance: list[float],
+    width: int = 0,
+) -> dict[str, dict]:
+    """``summarise`` of each setting's calibrations (setting -> its models), every setting judged by one
+    truth: the mean of *all* settings' models, so a setting whose models agree with each other but not
+    with the rest shows its regret (judged by its own mean it would read none)."""
+    truth = mean_model([m for ms in models.values() for m in ms])
+    return {str(r): summarise(ms, batches, k_max, acceptance, width, truth=truth) for r, ms in models.items()}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="default", choices=sorted(PRESETS))
@@ -197,14 +211,8 @@ def main(argv=None) -> dict:
         out |= {"repeats": r, "seconds": seconds[r]}
         out |= summarise(models[r], args.batches, k_max, args.acceptance, args.width)
     else:
-        truth = mean_model([m for r in args.repeats for m in models[r]])
-        out["by_repeats"] = {
-            str(r): {
-                "seconds": seconds[r],
-                **summarise(models[r], args.batches, k_max, args.acceptance, args.width, truth=truth),
-            }
-            for r in args.repeats
-        }
+        judged = compare_settings(models, args.batches, k_max, args.acceptance, args.width)
+        out["by_repeats"] = {str(r): {"seconds": seconds[r], **judged[str(r)]} for r in args.repeats}
     print(json.dumps(out, indent=1))
     return out
 

@@ -435,6 +435,24 @@ def test_calibration_bench_judges_each_choice_by_the_mean_model():
     assert judged["mean_regret"] == pytest.approx((1 - (1.75 / 1.9) / 1.25) / 2, abs=1e-4)
 
 
+def test_calibration_bench_judges_every_setting_by_the_pooled_mean():
+    from marsrl.engine.adaptive import CostModel
+
+    compare = _load_bench("calibration").compare_settings
+    # as above: at a = 0.5 model one picks k = 2, model two k = 1; the pooled mean (1, 1.2, 1.6) picks 1
+    one = CostModel(rounds={1: {0: 1.0, 1: 1.2, 2: 1.3}})
+    two = CostModel(rounds={1: {0: 1.0, 1: 1.2, 2: 1.9}})
+    out = compare({3: [one, one], 6: [two, two]}, batches=[1], k_max=2, acceptance=[0.5])
+    assert set(out) == {"3", "6"}
+    # judged by its own mean, setting 3 would read no regret; by the pooled mean its k = 2 costs 12.5%
+    assert _load_bench("calibration").summarise([one, one], [1], 2, [0.5])["mean_regret"] == 0
+    three, six = out["3"]["choices"]["0.5"]["1"], out["6"]["choices"]["0.5"]["1"]
+    assert three["best_by_mean_model"] == six["best_by_mean_model"] == 1
+    assert three["chosen"] == [2, 2] and six["chosen"] == [1, 1]
+    assert out["3"]["mean_regret"] == pytest.approx(1 - 1.09375 / 1.25, abs=1e-4)
+    assert out["6"]["mean_regret"] == 0
+
+
 def test_calibration_bench_on_micro(micro_world, capsys):
     bench = _load_bench("calibration")
     args = ["--world", str(micro_world), "--preset", "micro", "--max-batch", "8", "--calibrations", "2"]
