@@ -151,6 +151,49 @@ def test_pairs_appended_over_plain_steps_absorb_like_pairs_absorbed_each_round(q
     torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-5)
 
 
+def test_plain_steps_pairs_kept_aside_absorb_right_when_rows_finish_midway(qwen):
+    """A run of plain steps keeps its pairs aside (``_EagleState.tail``) and writes them after each row's
+    ragged pending pairs only when the drafter absorbs; rows that finish during the run are dropped from
+    both.  Reference: the kept rows given the same pairs, composed by hand, in one pend."""
+    from marsrl.engine.engine import _EagleState
+
+    head = Eagle3Drafter.from_target(qwen)
+    torch.manual_seed(3)
+    width, dev = 3 * qwen.config.hidden_size, torch.device("cpu")
+    pre_f, pre_t = torch.randn(3, 2, width), torch.randint(0, 64, (3, 2))
+    round_f, round_t, round_n = torch.randn(3, 3, width), torch.randint(0, 64, (3, 3)), [3, 1, 2]
+    plain_f, plain_t = torch.randn(3, 5, width), torch.randint(0, 64, (3, 5))
+    keep = [0, 2]
+    st = _EagleState(head)
+    st.start(3, dev, pre_f, pre_t, torch.tensor([2, 2, 2]), [2, 2, 2], 32)
+    st.absorb()
+    st.pend(round_f, round_t, torch.tensor(round_n), round_n)  # a speculative round's pairs, ragged
+    rows = [0, 1, 2]
+    for j in range(5):
+        if j == 2:  # row 1 finishes two steps into the run
+            st.select(torch.tensor(keep), keep)
+            rows = keep
+        one = torch.ones(len(rows), dtype=torch.long)
+        st.pend(plain_f[rows, j : j + 1], plain_t[rows, j : j + 1], one, [1] * len(rows), append=True)
+    assert st.tail and st.counts_host == [3, 2]  # the run's pairs not yet written
+    h, lg = st.absorb()
+
+    ref = _EagleState(head)
+    ref.start(3, dev, pre_f, pre_t, torch.tensor([2, 2, 2]), [2, 2, 2], 32)
+    ref.absorb()
+    ref.select(torch.tensor(keep), keep)
+    n = [round_n[b] + 5 for b in keep]
+    f, t = torch.zeros(2, max(n), width), torch.zeros(2, max(n), dtype=torch.long)
+    for i, b in enumerate(keep):
+        f[i, : n[i]] = torch.cat([round_f[b, : round_n[b]], plain_f[b]])
+        t[i, : n[i]] = torch.cat([round_t[b, : round_n[b]], plain_t[b]])
+    ref.pend(f, t, torch.tensor(n), n)
+    h_ref, lg_ref = ref.absorb()
+    assert torch.equal(st.cache.lengths, ref.cache.lengths) and torch.equal(st.positions, ref.positions)
+    torch.testing.assert_close(h, h_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lg, lg_ref, rtol=1e-5, atol=1e-5)
+
+
 def test_window_keeps_the_last_pairs_at_their_true_positions(qwen):
     """A run of plain steps leaves more pending pairs than ``drafter_window``: the drafter absorbs each
     row's last ``window`` of them, at the positions they have in the sequence.  Reference: a state
