@@ -787,7 +787,7 @@ class _EagleState:
         absorbs its pair with the next round's).  A plain step's pair (one a row) is only kept
         (``tail``) and the run's pairs are written into the pending block once, when the drafter needs
         them (``_flush``): writing each step's pair into a growing buffer cost a 128-row plain step 1.3 ms
-        of commit on this CPU, 4% of the step (2026-12-05).  Other appends go into a buffer of the
+        of commit on this CPU, about 3% of the step (2026-12-05).  Other appends go into a buffer of the
         engine's own with room to spare."""
         if not (append and self.feats is not None and (self.tail or max(self.counts_host, default=0) > 0)):
             self.feats, self.tokens, self.counts, self.counts_host = feats, tokens, counts, list(counts_host)
