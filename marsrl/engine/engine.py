@@ -350,7 +350,7 @@ class SpeculativeEngine:
             order = torch.zeros(bsz, 1, dtype=torch.long, device=dev)
             tcache.commit(start, order, res.num_emitted, host["num_emitted"], in_order=True)
             if self._eagle is not None:  # the drafter absorbs this pair with the next round's
-                self._eagle.pend(feats, res.tokens, res.num_emitted, host["num_emitted"], append=True)
+                self._eagle.pend_plain(feats, res.tokens)
             self._tick(clock)
             return res, 0, 0, host
         if cfg.tree is not None:
@@ -784,23 +784,25 @@ class _EagleState:
     def pend(self, feats, tokens, counts, counts_host, append: bool = False) -> None:
         """feats [B, P, 3Ht], tokens [B, P]: the first counts[b] pairs of each row are new and committed.
         ``append``: add them after the pairs still pending (a plain step drafts nothing, so the drafter
-        absorbs its pair with the next round's).  A plain step's pair (one a row) is only kept
-        (``tail``) and the run's pairs are written into the pending block once, when the drafter needs
-        them (``_flush``): writing each step's pair into a growing buffer cost a 128-row plain step 1.3 ms
-        of commit on this CPU, about 3% of the step (2026-12-05).  Other appends go into a buffer of the
-        engine's own with room to spare."""
+        absorbs its pair with the next round's; ``pend_plain`` is the engine's way for one pair a row).
+        Appended pairs go into a buffer of the engine's own with room to spare."""
         if not (append and self.feats is not None and (self.tail or max(self.counts_host, default=0) > 0)):
             self.feats, self.tokens, self.counts, self.counts_host = feats, tokens, counts, list(counts_host)
             self._owned = False  # the round's own tensors: never written into
             self.tail = []
             return
-        if feats.shape[1] == 1 and all(c == 1 for c in counts_host):
-            self.tail.append((feats, tokens))
-            if self.window is not None and len(self.tail) >= 2 * self.window:
-                self._flush()  # which trims to the window: a long plain run stays bounded in memory
-            return
         self._flush()
         self._append(feats, tokens, counts, counts_host)
+
+    def pend_plain(self, feats, tokens) -> None:
+        """A plain step's pairs, one a row (feats [B, 1, 3Ht], tokens [B, 1]), pending after the rest.
+        Only kept (``tail``): the run's pairs are written into the pending block once, when the drafter
+        needs them (``_flush``).  Writing each step's pair into the growing buffer (``pend(...,
+        append=True)``) cost a 128-row plain step 1.3 ms of commit on this CPU, about 3% of the step
+        (2026-12-05, a throwaway script)."""
+        self.tail.append((feats, tokens))
+        if self.window is not None and len(self.tail) >= 2 * self.window:
+            self._flush()  # which trims to the window: a long plain run stays bounded in memory
 
     def _flush(self) -> None:
         """Write the plain steps' pairs (``tail``) after each row's pending pairs, in one go."""
@@ -808,8 +810,10 @@ class _EagleState:
             return
         feats, tokens = self._tail_block()
         self.tail = []
-        n = feats.shape[1]
-        self._append(feats, tokens, torch.full_like(self.counts, n), [n] * len(self.counts_host))
+        bsz, n = tokens.shape
+        # through pend: where nothing else is pending (all absorbed) the block replaces the old one
+        counts = torch.full((bsz,), n, dtype=torch.long, device=tokens.device)
+        self.pend(feats, tokens, counts, [n] * bsz, append=True)
 
     def _tail_block(self) -> tuple[torch.Tensor, torch.Tensor]:
         if len(self.tail) == 1:

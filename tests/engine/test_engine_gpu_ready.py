@@ -152,8 +152,8 @@ def test_pairs_appended_over_plain_steps_absorb_like_pairs_absorbed_each_round(q
 
 
 def test_plain_steps_pairs_kept_aside_absorb_right_when_rows_finish_midway(qwen):
-    """A run of plain steps keeps its pairs aside (``_EagleState.tail``) and writes them after each row's
-    ragged pending pairs only when the drafter absorbs; rows that finish during the run are dropped from
+    """A run of plain steps keeps its pairs aside (``_EagleState.pend_plain``) and writes them after each
+    row's ragged pending pairs only when the drafter absorbs; rows that finish during the run are dropped from
     both.  Reference: the kept rows given the same pairs, composed by hand, in one pend."""
     from marsrl.engine.engine import _EagleState
 
@@ -173,8 +173,7 @@ def test_plain_steps_pairs_kept_aside_absorb_right_when_rows_finish_midway(qwen)
         if j == 2:  # row 1 finishes two steps into the run
             st.select(torch.tensor(keep), keep)
             rows = keep
-        one = torch.ones(len(rows), dtype=torch.long)
-        st.pend(plain_f[rows, j : j + 1], plain_t[rows, j : j + 1], one, [1] * len(rows), append=True)
+        st.pend_plain(plain_f[rows, j : j + 1], plain_t[rows, j : j + 1])
     assert st.tail and st.counts_host == [3, 2]  # the run's pairs not yet written
     h, lg = st.absorb()
 
@@ -211,14 +210,8 @@ def test_window_keeps_the_last_pairs_at_their_true_positions(qwen):
     for st in (full, windowed):
         st.start(2, dev, feats[:, :3], tokens[:, :3], torch.tensor([3, 2]), [3, 2], 64)
         st.absorb()
-        for j in range(n):  # plain steps: one pair each, appended
-            st.pend(
-                feats[:, 3 + j : 4 + j],
-                tokens[:, 3 + j : 4 + j],
-                torch.ones(2, dtype=torch.long),
-                [1, 1],
-                append=True,
-            )
+        for j in range(n):  # plain steps: one pair each, kept aside (flushed at 2 * window when windowed)
+            st.pend_plain(feats[:, 3 + j : 4 + j], tokens[:, 3 + j : 4 + j])
     outs = {name: st.absorb() for name, st in (("full", full), ("windowed", windowed))}
     # the buffer, grown past its room several times, against absorbing each pair as it comes
     stepwise = _EagleState(head)
