@@ -68,7 +68,17 @@ def main(argv: list[str] | None = None) -> dict:
         help="multiply the calibrated seconds of every k >= 1 by this (a calibration error of known size, "
         "for every auto engine alike; 1: none)",
     )
+    ap.add_argument(
+        "--window",
+        type=int,
+        default=0,
+        help="also run each rule's auto (check on) with EngineConfig(drafter_window=W), as {rule}_auto_w{W} "
+        "(0: not run)",
+    )
+    ap.add_argument("--no-off", action="store_true", help="skip the check-off twins ({rule}_auto_off)")
     args = ap.parse_args(argv)
+    if args.window and args.window < args.max_draft_tokens + 1:
+        ap.error(f"--window: {args.window} must be 0 or at least --max-draft-tokens + 1")
     if args.batch % args.group:
         ap.error(f"--batch: {args.batch} is not a multiple of --group {args.group}")
     if args.calls < 1 or args.warmup < 0:
@@ -92,12 +102,18 @@ def main(argv: list[str] | None = None) -> dict:
     cfgs = {"plain": EngineConfig(**common)}
     for rule in RULES:
         cfgs[f"{rule}_k{args.fixed}"] = EngineConfig(rule=rule, num_draft_tokens=args.fixed, **common)
-        for name, check in ((f"{rule}_auto", True), (f"{rule}_auto_off", False)):
+        twins = [(f"{rule}_auto", True, 0)]
+        if not args.no_off:
+            twins.append((f"{rule}_auto_off", False, 0))
+        if args.window:
+            twins.append((f"{rule}_auto_w{args.window}", True, args.window))
+        for name, check, window in twins:
             cfgs[name] = EngineConfig(
                 rule=rule,
                 num_draft_tokens="auto",
                 max_draft_tokens=args.max_draft_tokens,
                 speed_check=check,
+                drafter_window=window,
                 **common,
             )
     engines = {
@@ -119,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     names = list(engines)
     rec: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     drafted: dict[str, list[int]] = {name: [] for name in autos}
+    skipped: dict[str, int] = {name: 0 for name in autos}
     for c in range(calls):
         shift = c % len(names)
         for name in names[shift:] + names[:shift]:
@@ -130,6 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
                 rec[name].append((sum(len(t.completion_ids) for t in trajs), seconds))
                 if name in drafted:
                     drafted[name] += engines[name].stats.get("k_per_round") or []
+                    skipped[name] += engines[name].stats.get("drafter_pairs_skipped") or 0
         log(f"call {c + 1}/{calls}" + (" (warm-up)" if c < args.warmup else ""))
 
     def rate(name: str) -> float:
@@ -141,10 +159,14 @@ def main(argv: list[str] | None = None) -> dict:
     for rule in RULES:
         fixed = f"{rule}_k{args.fixed}"
         best = fixed if rate(fixed) > rate("plain") else "plain"
-        for auto in (f"{rule}_auto", f"{rule}_auto_off"):
+        for auto in (name for name in autos if name.startswith(f"{rule}_")):
             ratios[f"{auto}_vs_{fixed}"] = ratio_of_sums(rec[auto], rec[fixed])
             ratios[f"{auto}_vs_best_fixed"] = {"best": best, **(ratio_of_sums(rec[auto], rec[best]) or {})}
-        ratios[f"{rule}_auto_vs_off"] = ratio_of_sums(rec[f"{rule}_auto"], rec[f"{rule}_auto_off"])
+        if not args.no_off:
+            ratios[f"{rule}_auto_vs_off"] = ratio_of_sums(rec[f"{rule}_auto"], rec[f"{rule}_auto_off"])
+        if args.window:
+            w = f"{rule}_auto_w{args.window}"
+            ratios[f"{w}_vs_auto"] = ratio_of_sums(rec[w], rec[f"{rule}_auto"])
     out = {
         "bench": "speed_check",
         "preset": args.preset,
@@ -159,10 +181,12 @@ def main(argv: list[str] | None = None) -> dict:
         "max_draft_tokens": args.max_draft_tokens,
         "calibration_s": calibration_s,
         "skew": args.skew,
+        "window": args.window,
         "tokens_per_s": {name: rate(name) for name in names},
         "ratios": ratios,
         "k_per_round": {name: k_summary(ks) for name, ks in drafted.items()},
         "speed_check": {name: engines[name].stats.get("speed_check") for name in autos},
+        "drafter_pairs_skipped": skipped,
     }
     json.dump(out, sys.stdout, indent=2)
     print()

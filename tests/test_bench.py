@@ -511,6 +511,23 @@ def test_speed_check_bench_on_micro(micro_world, capsys):
     # the checked engines report their SpeedCheck; the unchecked ones have none
     assert out["speed_check"]["strict_auto"] and out["speed_check"]["strict_auto_off"] is None
     assert '"speed_check"' in capsys.readouterr().out
+    assert out["drafter_pairs_skipped"] == {name: 0 for name in out["speed_check"]}  # no window
+
+
+def test_speed_check_bench_window_twins_on_micro(micro_world):
+    """--window W runs each rule's auto with EngineConfig(drafter_window=W) beside the plain one,
+    --no-off leaves out the check-off twins; a window under max_draft_tokens + 1 is refused."""
+    bench = _load_bench("speed_check")
+    args = ["--world", str(micro_world), "--preset", "micro", "--batch", "8", "--calls", "1", "--warmup", "0"]
+    args += ["--new-tokens", "24", "--max-draft-tokens", "3", "--fixed", "2"]
+    with pytest.raises(SystemExit):
+        bench.main([*args, "--window", "3"])
+    out = bench.main([*args, "--window", "4", "--no-off"])
+    names = {"plain", "strict_k2", "mars_k2", "strict_auto", "strict_auto_w4", "mars_auto", "mars_auto_w4"}
+    assert set(out["tokens_per_s"]) == names and out["window"] == 4
+    assert out["ratios"]["strict_auto_w4_vs_auto"]["n"] == 1 and "strict_auto_vs_off" not in out["ratios"]
+    assert set(out["drafter_pairs_skipped"]) == {"strict_auto", "strict_auto_w4", "mars_auto", "mars_auto_w4"}
+    assert out["drafter_pairs_skipped"]["strict_auto"] == 0
 
 
 def test_round_kernels_bench_small_and_its_two_ways_agree(capsys):

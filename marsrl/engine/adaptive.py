@@ -37,9 +37,10 @@ kind the model ranks second, so that both are measured.
 
 Exploration: a round learns nothing about the positions past its k.  So after ``probe_every`` plain rounds
 in a row the engine drafts once at the best k >= 1 (each probe that still loses to plain doubles the
-wait), and every ``explore_every``-th speculative round (counted over the engine's calls: a call at
-B = 1 has fewer rounds than that) drafts past the best k: to the deepest k whose
-expected rate is within ``explore_within`` (10%) of the best's, at least one position past it (up to K).
+wait; the run and the wait carry over the engine's calls, and a probe that turns the choice to
+drafting resets it), and every ``explore_every``-th speculative round (counted over the engine's calls:
+a call at B = 1 has fewer rounds than that) drafts past the best k: to the deepest k whose expected rate
+is within ``explore_within`` (10%) of the best's, at least one position past it (up to K).
 Without it a pessimistic early estimate of a deep position is never revised and a shorter k than the
 best is kept for good; with it each deeper position is re-measured every few dozen rounds, for the
 price of one round in ``explore_every`` at most 10% slower than the best.  Where the optimum is flat (a
@@ -359,10 +360,19 @@ class SpeedCheck:
     and the planner multiplies its predicted seconds for every k >= 1 by it.  1.0 until both kinds have
     ``least`` rounds at the size, so where the model is clear (only one kind ever chosen) nothing
     changes; it acts where the planner alternates, in the near-ties a few percent of model error decides.
-    Sums, not medians: a speculative round right after a run of plain steps absorbs every pair the run
-    left, a cost the calibration never times (it times rounds that follow one at their own k) but a
-    real one of switching, and a throughput is a ratio of sums.  Each round counts at most ``cap``
-    times its prediction, so one stall of the machine (a page fault, another process) cannot swing the factor.
+    Sums, not medians: a throughput is a ratio of sums.  Each round counts at most ``cap`` times its
+    prediction, so one stall of the machine (a page fault, another process) cannot swing the factor.
+
+    A speculative round right after plain steps (``after_plain`` > 0) first absorbs the pair each of
+    them left the drafter, a cost of switching that the calibration never times (it times rounds that
+    follow one at their own k): such a catch-up round is left out, so the factor compares what the
+    calibration modelled, steady speculative rounds against plain steps.  Counted in, the catch-up fed
+    on itself: more plain steps, dearer rounds after them, a larger factor, more plain steps.  Strict
+    at B = 128 on this CPU (2026-12-05): speculative rounds read 1.32-1.65x their prediction at 128 rows
+    against plain steps' 1.02-1.20x, a factor of 1.23-1.45, plain chosen in 703 of 1101 rounds and
+    0.925x the plain engine where the check turned off read 0.988x; with catch-up rounds left out the
+    factor there read 1.009 (1.118 against 1.109).  The planner makes a near tie's speculative round
+    after plain steps two rounds, so that the second is a sample (``KPlanner``).
 
     Why both kinds and a ratio: a shared machine's pace moves every round alike, and that cancels; the
     two kinds are interleaved in time wherever the factor acts.  Why not the per-k figures: judging each
@@ -375,7 +385,13 @@ class SpeedCheck:
         self.window, self.least, self.cap = window, least, cap
         self.rounds: dict[tuple[int, bool], list[tuple[float, float]]] = {}
 
-    def add(self, size: int, speculative: bool, seconds: float, predicted: float) -> None:
+    def add(
+        self, size: int, speculative: bool, seconds: float, predicted: float, after_plain: int = 0
+    ) -> None:
+        """One round at measured batch size ``size``; ``after_plain``: the plain steps right before it
+        (a speculative round after any is a catch-up round, not counted)."""
+        if speculative and after_plain:
+            return
         kept = self.rounds.setdefault((size, speculative), [])
         kept.append((min(seconds, self.cap * predicted), predicted))
         del kept[: -self.window]
@@ -428,13 +444,19 @@ class KPlanner:
         speculative: int = 0,
         speed: SpeedCheck | None = None,
         tie_every: int = 8,
+        probe: tuple[int, int] | None = None,
     ):
         self.costs = costs
         self.k_max = k_max
         self.estimates = estimates if estimates is not None else AcceptanceEstimates(k_max)
         self.first = not self.estimates.observed
-        self.plain_run = 0
-        self.wait = probe_every
+        # plain rounds in a row and the wait for the next probe, from 0 and probe_every or carried over
+        # from the engine's last call (``probe``): a batch size where plain keeps winning (strict at 128
+        # rows on this CPU) is probed ever more rarely, not from a wait of probe_every each call; every
+        # probe there absorbs the drafter's pairs of the whole run before it, at all its rows
+        self.probe_every = probe_every
+        self.plain_run, self.wait = probe if probe is not None else (0, probe_every)
+        self._probed = False  # the last speculative round was a probe
         self.explore_every = explore_every
         self.explore_within = explore_within
         # speculative rounds chosen so far, counted on from the engine's earlier calls where carried over:
@@ -449,6 +471,8 @@ class KPlanner:
         self._ties: dict[int, int] = {}  # near-tie rounds so far at each measured batch size
         self._grid = sorted(costs.rounds)
         self._last: tuple[int, int, float] | None = None  # the chosen round: (size, k, predicted seconds)
+        self._since_spec = 0  # plain steps since this call's last speculative round (timed ones)
+        self._follow: int | None = None  # the k of a near-tie speculative round's second half
 
     def rate(self, rows: int, k: int, width: int = 0) -> float:
         """Expected tokens per second of a round with k drafts for ``rows`` live rows over a cache
@@ -475,15 +499,27 @@ class KPlanner:
         return k
 
     def _pick(self, rates: list[float], size: int) -> int:
+        if self._follow is not None:
+            k, self._follow = self._follow, None
+            return k
         if self.speed is not None:  # a near tie between the kinds: measure the runner-up now and then
             spec = max(range(1, self.k_max + 1), key=lambda k: (rates[k], -k))
             low, high = sorted((rates[0], rates[spec]))
             if low >= high * (1 - self.explore_within):
                 self._ties[size] = self._ties.get(size, 0) + 1
                 if self._ties[size] % self.tie_every == 0:
-                    return spec if rates[0] >= rates[spec] else 0
+                    if rates[0] < rates[spec]:
+                        return 0
+                    # after plain steps the first speculative round is a catch-up round, which the
+                    # check leaves out (``SpeedCheck.add``): a second one is its sample
+                    if self._since_spec:
+                        self._follow = spec
+                    return spec
         best = max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
         if best > 0:
+            if self._probed:  # the probe turned the choice: probe soon again where plain wins next
+                self.wait = self.probe_every
+            self._probed = False
             self.plain_run = 0
             self.speculative += 1
             if best < self.k_max and self.speculative % self.explore_every == 0:
@@ -491,10 +527,12 @@ class KPlanner:
                 floor = rates[best] * (1 - self.explore_within)
                 return max(k for k in range(best + 1, self.k_max + 1) if k == best + 1 or rates[k] >= floor)
             return best
+        self._probed = False
         self.plain_run += 1
         if self.plain_run >= self.wait:  # probe: re-measure acceptance at the best speculative k
             self.plain_run = 0
             self.wait *= 2
+            self._probed = True
             return max(range(1, self.k_max + 1), key=lambda k: (rates[k], -k))
         return 0
 
@@ -505,9 +543,11 @@ class KPlanner:
 
     def timed(self, seconds: float) -> None:
         """The wall seconds of the round last chosen (the engine calls this after every round)."""
-        if self.speed is not None and self._last is not None:
+        if self._last is not None:
             size, k, predicted = self._last
-            self.speed.add(size, k > 0, seconds, predicted)
+            if self.speed is not None:
+                self.speed.add(size, k > 0, seconds, predicted, after_plain=self._since_spec if k else 0)
+            self._since_spec = 0 if k else self._since_spec + 1
         self._last = None
 
 

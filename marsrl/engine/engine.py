@@ -108,6 +108,7 @@ class SpeculativeEngine:
         self.cost_model = cost_model
         self._acceptance = None  # auto: the last call's acceptance estimates, the next call's start
         self._speculative = 0  # auto: speculative rounds so far, which time the planner's exploration
+        self._probe: tuple[int, int] | None = None  # auto: the planner's plain run and probe wait
         self._speed = None  # auto: the last call's SpeedCheck (measured against predicted round seconds)
         self._eagle = None
         check_attention(target)
@@ -170,11 +171,13 @@ class SpeculativeEngine:
                 estimates=self._acceptance.carried() if carry else None,
                 speculative=self._speculative if carry else 0,
                 speed=speed,
+                probe=self._probe if carry else None,
             )
         out = self._generate(prompts, sampling, planner)
         if planner is not None and self.config.adapt_costs:
             self.cost_model.observe(self.stats["trace"])
             self._acceptance, self._speculative = planner.estimates, planner.speculative
+            self._probe = (planner.plain_run, planner.wait)
             self._speed = planner.speed
             if planner.speed is not None:
                 self.stats["speed_check"] = planner.speed.to_dict()
