@@ -664,3 +664,21 @@ def test_train_bench_step_costs_by_hand(monkeypatch):
     out = bench.step_costs(args)
     assert [c[0] for c in calls] == ["plain", "strict", "mars"] * 2
     assert not any(k.endswith("_auto") or "_auto_" in k for k in out)
+
+
+def test_plain_steps_bench_on_micro(micro_world):
+    """bench/plain_steps.py on the micro world: auto held at k = 0 runs only plain steps at all B rows
+    (as many as the plain engine, ignore_eos), both profiled; the mix buckets every round of each call."""
+    bench = _load_bench("plain_steps")
+    args = ["--world", str(micro_world), "--preset", "micro", "--batch", "8", "--calls", "2", "--warmup", "1"]
+    out = bench.main([*args, "--new-tokens", "6", "--max-draft-tokens", "3"])
+    ap = out["all_plain"]
+    # 6 new tokens: the prefill samples the first, then 5 plain steps at 8 rows a call, 2 timed calls
+    assert ap["plain"]["steps"] == ap["auto_k0"]["steps"] == 10
+    assert ap["step_ratio"] > 0 and ap["plain"]["phase_s"] and ap["auto_k0"]["phase_s"]
+    mix = out["mix"]
+    assert set(mix) == {"plain", "strict_auto", "auto_vs_plain"} and mix["auto_vs_plain"]["n"] == 2
+    assert all(key.endswith(":plain") for key in mix["plain"]["rounds"])  # the plain engine never drafts
+    assert sum(v[0] for v in mix["strict_auto"]["rounds"].values()) > 0
+    with pytest.raises(SystemExit):
+        bench.main([*args, "--batch", "12"])  # not a multiple of --group 8

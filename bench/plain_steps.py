@@ -1,0 +1,198 @@
+"""The adaptive engine's plain steps against the plain engine's, and where auto's round time goes (issue 12).
+
+    python bench/plain_steps.py                  # default world, B = 128, 1 warm-up + 5 timed calls each
+    python bench/plain_steps.py --preset micro --batch 8 --calls 1 --new-tokens 8   # smoke
+
+A plain step of ``num_draft_tokens="auto"`` (k = 0) does what the plain engine's step does, and also
+taps the target's features and keeps the drafter's input pair for the next speculative round.  Two
+parts, each interleaved call by call (the order alternating), on the same prompts and seeds:
+
+1. ``all_plain``: the auto engine held at k = 0 for whole calls (its planner replaced by ``FixedK(0)``
+   through the engine's internal ``_generate``, as its calibration drives it) beside the plain engine,
+   ``ignore_eos`` so every step runs at all B rows; both with ``profile=True``.  Per system: the median
+   step at B rows (ms), the median call, and the engine's phase seconds summed over the timed calls.
+2. ``mix``: the auto engine as users run it (``--rule``, calibrated once, untimed ``--warmup`` calls
+   first) beside the plain engine: each system's rounds bucketed by live rows (B, B/2..B-1, 16..B/2-1,
+   under 16) and kind (plain step or speculative round): rounds, seconds, ms a round; and the seconds
+   spent inside rounds and outside them (prefill, trajectories) a call.  Tokens per round are not
+   counted (the engine's trace does not carry them).
+
+Prints one JSON object on stdout; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
+from _common import ratio_of_sums
+
+from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
+from marsrl.engine.adaptive import FixedK
+from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld
+from marsrl.tinyworld.build import heldout_problems
+from marsrl.tinyworld.tokenizer import chat_prompt_ids
+
+
+def bucket(live: int, full: int) -> str:
+    if live == full:
+        return str(full)
+    if live >= full // 2:
+        return f"{full // 2}-{full - 1}"
+    return f"16-{full // 2 - 1}" if live >= 16 else "<16"
+
+
+def buckets(traces: list[list], full: int) -> dict:
+    """Rounds of all the traces by live-row bucket and kind: [rounds, seconds, ms a round]."""
+    out: dict[str, list] = {}
+    for trace in traces:
+        for _, live, k, seconds, _ in trace:
+            x = out.setdefault(f"{bucket(live, full)}:{'spec' if k else 'plain'}", [0, 0.0])
+            x[0] += 1
+            x[1] += seconds
+    return {key: [n, round(s, 3), round(1e3 * s / n, 2)] for key, (n, s) in sorted(out.items())}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="default", choices=sorted(PRESETS))
+    ap.add_argument("--world", type=Path, default=None, help="a built world's folder (default: the preset's)")
+    ap.add_argument("--batch", type=int, default=128, help="sequences per call (prompts x --group)")
+    ap.add_argument("--group", type=int, default=8, help="completions per prompt")
+    ap.add_argument("--calls", type=int, default=5, help="timed calls of each system, in each part")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed calls of each system first, in each part")
+    ap.add_argument("--rule", default="strict", choices=("strict", "mars"), help="auto's rule in the mix")
+    ap.add_argument("--max-draft-tokens", type=int, default=7, help="auto's largest k")
+    ap.add_argument("--new-tokens", type=int, default=None, help="default: the world's max_new_tokens")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    args = ap.parse_args(argv)
+    if args.batch % args.group:
+        ap.error(f"--batch: {args.batch} is not a multiple of --group {args.group}")
+    if args.calls < 1 or args.warmup < 0:
+        ap.error("--calls must be >= 1 and --warmup >= 0")
+    torch.set_num_threads(args.threads)
+
+    def log(msg: str) -> None:
+        print(f"[plain_steps] {msg}", file=sys.stderr, flush=True)
+
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON
+        path = args.world or build_tinyworld(args.preset, progress=False)
+        target, tok, head, _ = load_tinyworld(path)
+    cfg = PRESETS[args.preset]
+    n_new = args.new_tokens or cfg.max_new_tokens
+    n = args.batch // args.group
+    calls = args.warmup + args.calls
+    prompts = [chat_prompt_ids(tok, p["question"]) for p in heldout_problems(cfg, n * calls)]
+    auto_cfg = dict(num_draft_tokens="auto", max_draft_tokens=args.max_draft_tokens, max_batch_size=args.batch)
+
+    def sampling(c: int, ignore_eos: bool) -> SamplingParams:
+        return SamplingParams(
+            temperature=1.0,
+            max_new_tokens=n_new,
+            eos_token_id=tok.eos_token_id,
+            n=args.group,
+            seed=c,
+            ignore_eos=ignore_eos,
+        )
+
+    # 1. all plain: auto held at k = 0 against the plain engine
+    engines = {
+        "plain": SpeculativeEngine(target, None, EngineConfig(max_batch_size=args.batch, profile=True)),
+        "auto_k0": SpeculativeEngine(target, head, EngineConfig(rule=args.rule, profile=True, **auto_cfg)),
+    }
+    steps: dict[str, list[float]] = {name: [] for name in engines}
+    call_s: dict[str, list[float]] = {name: [] for name in engines}
+    phases: dict[str, dict[str, float]] = {name: {} for name in engines}
+    for c in range(calls):
+        for name in list(engines) if c % 2 == 0 else list(engines)[::-1]:
+            eng, batch = engines[name], prompts[c * n : (c + 1) * n]
+            t0 = time.perf_counter()
+            if name == "plain":
+                eng.generate(batch, sampling(c, True))
+            else:  # the planner the calibration uses, held at 0
+                eng._generate(eng._check_prompts(batch), sampling(c, True), FixedK(0))
+            seconds = time.perf_counter() - t0
+            if c < args.warmup:
+                continue
+            totals = eng.stats
+            call_s[name].append(seconds)
+            steps[name] += [t for _, live, k, t, _ in totals["trace"] if live == args.batch and k == 0]
+            for phase, s in totals["time"].items():
+                phases[name][phase] = phases[name].get(phase, 0.0) + float(s)
+        log(f"all plain: call {c + 1}/{calls}" + (" (warm-up)" if c < args.warmup else ""))
+    med = {name: statistics.median(v) if v else None for name, v in steps.items()}
+    all_plain = {
+        name: {
+            "step_ms": round(1e3 * med[name], 3) if med[name] else None,
+            "steps": len(steps[name]),
+            "call_s": round(statistics.median(call_s[name]), 3),
+            "phase_s": {p: round(s, 4) for p, s in sorted(phases[name].items())},
+        }
+        for name in engines
+    }
+    if med["plain"] and med["auto_k0"]:
+        all_plain["step_ratio"] = round(med["auto_k0"] / med["plain"], 4)
+
+    # 2. the mix: auto as users run it
+    plain = SpeculativeEngine(target, None, EngineConfig(max_batch_size=args.batch))
+    auto = SpeculativeEngine(target, head, EngineConfig(rule=args.rule, **auto_cfg))
+    start = time.perf_counter()
+    auto.cost_model = auto.calibrate(prompts=prompts[:n])
+    calibration_s = round(time.perf_counter() - start, 3)
+    log(f"cost model measured in {calibration_s} s")
+    mix_engines = {"plain": plain, f"{args.rule}_auto": auto}
+    rec: dict[str, list[tuple[float, float]]] = {name: [] for name in mix_engines}
+    traces: dict[str, list] = {name: [] for name in mix_engines}
+    outside: dict[str, list[float]] = {name: [] for name in mix_engines}
+    for c in range(calls):
+        for name in list(mix_engines) if c % 2 == 0 else list(mix_engines)[::-1]:
+            eng = mix_engines[name]
+            t0 = time.perf_counter()
+            trajs = eng.generate(prompts[c * n : (c + 1) * n], sampling(c, False))
+            seconds = time.perf_counter() - t0
+            if c < args.warmup:
+                continue
+            rec[name].append((sum(len(t.completion_ids) for t in trajs), seconds))
+            traces[name].append(eng.stats["trace"])
+            outside[name].append(seconds - sum(r[3] for r in eng.stats["trace"]))
+        log(f"mix: call {c + 1}/{calls}" + (" (warm-up)" if c < args.warmup else ""))
+    mix = {
+        name: {
+            "tokens_per_s": round(sum(t for t, _ in rec[name]) / sum(s for _, s in rec[name]), 1),
+            "in_rounds_s": round(sum(r[3] for tr in traces[name] for r in tr), 3),
+            "outside_rounds_s_per_call": round(statistics.median(outside[name]), 3),
+            "rounds": buckets(traces[name], args.batch),
+        }
+        for name in mix_engines
+    }
+    mix["auto_vs_plain"] = ratio_of_sums(rec[f"{args.rule}_auto"], rec["plain"])
+    out = {
+        "bench": "plain_steps",
+        "preset": args.preset,
+        "path": str(path),
+        "batch": args.batch,
+        "group": args.group,
+        "calls": args.calls,
+        "warmup": args.warmup,
+        "new_tokens": n_new,
+        "rule": args.rule,
+        "threads": torch.get_num_threads(),
+        "calibration_s": calibration_s,
+        "all_plain": all_plain,
+        "mix": mix,
+    }
+    json.dump(out, sys.stdout, indent=2)
+    print()
+    return out
+
+
+if __name__ == "__main__":
+    main()
