@@ -13,9 +13,9 @@ parts, each interleaved call by call (the order alternating), on the same prompt
    step at B rows (ms), the median call, and the engine's phase seconds summed over the timed calls.
 2. ``mix``: the auto engine as users run it (``--rule``, calibrated once, untimed ``--warmup`` calls
    first) beside the plain engine: each system's rounds bucketed by live rows (B, B/2..B-1, 16..B/2-1,
-   under 16) and kind (plain step or speculative round): rounds, seconds, ms a round; and the seconds
-   spent inside rounds and outside them (prefill, trajectories) a call.  Tokens per round are not
-   counted (the engine's trace does not carry them).
+   under 16) and kind (plain step or speculative round): rounds, seconds, ms a round, tokens kept
+   (``stats["tokens_per_round"]``) and tokens/s; and the seconds spent inside rounds and outside them
+   (prefill, trajectories) a call.
 
 Prints one JSON object on stdout; progress goes to stderr.
 """
@@ -50,15 +50,26 @@ def bucket(live: int, full: int) -> str:
     return f"16-{full // 2 - 1}" if live >= 16 else "<16"
 
 
-def buckets(traces: list[list], full: int) -> dict:
-    """Rounds of all the traces by live-row bucket and kind: [rounds, seconds, ms a round]."""
+def buckets(calls: list[tuple[list, list[int]]], full: int) -> dict:
+    """Rounds of all the calls (each its trace and tokens kept a round) by live-row bucket and kind:
+    rounds, seconds, ms a round, tokens kept, tokens/s."""
     out: dict[str, list] = {}
-    for trace in traces:
-        for _, live, k, seconds, _ in trace:
-            x = out.setdefault(f"{bucket(live, full)}:{'spec' if k else 'plain'}", [0, 0.0])
+    for trace, kept in calls:
+        for (_, live, k, seconds, _), tokens in zip(trace, kept, strict=True):
+            x = out.setdefault(f"{bucket(live, full)}:{'spec' if k else 'plain'}", [0, 0.0, 0])
             x[0] += 1
             x[1] += seconds
-    return {key: [n, round(s, 3), round(1e3 * s / n, 2)] for key, (n, s) in sorted(out.items())}
+            x[2] += tokens
+    return {
+        key: {
+            "rounds": n,
+            "s": round(s, 3),
+            "ms": round(1e3 * s / n, 2),
+            "tokens": t,
+            "tokens_per_s": round(t / s, 1),
+        }
+        for key, (n, s, t) in sorted(out.items())
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -73,6 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-draft-tokens", type=int, default=7, help="auto's largest k")
     ap.add_argument("--new-tokens", type=int, default=None, help="default: the world's max_new_tokens")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    ap.add_argument("--part", default="both", choices=("both", "all_plain", "mix"), help="which part to run")
     args = ap.parse_args(argv)
     if args.batch % args.group:
         ap.error(f"--batch: {args.batch} is not a multiple of --group {args.group}")
@@ -91,7 +103,9 @@ def main(argv: list[str] | None = None) -> dict:
     n = args.batch // args.group
     calls = args.warmup + args.calls
     prompts = [chat_prompt_ids(tok, p["question"]) for p in heldout_problems(cfg, n * calls)]
-    auto_cfg = dict(num_draft_tokens="auto", max_draft_tokens=args.max_draft_tokens, max_batch_size=args.batch)
+    auto_cfg = dict(
+        num_draft_tokens="auto", max_draft_tokens=args.max_draft_tokens, max_batch_size=args.batch
+    )
 
     def sampling(c: int, ignore_eos: bool) -> SamplingParams:
         return SamplingParams(
@@ -103,7 +117,30 @@ def main(argv: list[str] | None = None) -> dict:
             ignore_eos=ignore_eos,
         )
 
-    # 1. all plain: auto held at k = 0 against the plain engine
+    out = {
+        "bench": "plain_steps",
+        "preset": args.preset,
+        "path": str(path),
+        "batch": args.batch,
+        "group": args.group,
+        "calls": args.calls,
+        "warmup": args.warmup,
+        "new_tokens": n_new,
+        "rule": args.rule,
+        "threads": torch.get_num_threads(),
+    }
+    if args.part in ("both", "all_plain"):
+        out["all_plain"] = all_plain(args, target, head, prompts, n, sampling, auto_cfg, log)
+    if args.part in ("both", "mix"):
+        out["calibration_s"], out["mix"] = mix(args, target, head, prompts, n, sampling, auto_cfg, log)
+    json.dump(out, sys.stdout, indent=2)
+    print()
+    return out
+
+
+def all_plain(args, target, head, prompts, n, sampling, auto_cfg, log) -> dict:
+    """Auto held at k = 0 against the plain engine (part 1)."""
+    calls = args.warmup + args.calls
     engines = {
         "plain": SpeculativeEngine(target, None, EngineConfig(max_batch_size=args.batch, profile=True)),
         "auto_k0": SpeculativeEngine(target, head, EngineConfig(rule=args.rule, profile=True, **auto_cfg)),
@@ -129,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
                 phases[name][phase] = phases[name].get(phase, 0.0) + float(s)
         log(f"all plain: call {c + 1}/{calls}" + (" (warm-up)" if c < args.warmup else ""))
     med = {name: statistics.median(v) if v else None for name, v in steps.items()}
-    all_plain = {
+    out = {
         name: {
             "step_ms": round(1e3 * med[name], 3) if med[name] else None,
             "steps": len(steps[name]),
@@ -139,9 +176,13 @@ def main(argv: list[str] | None = None) -> dict:
         for name in engines
     }
     if med["plain"] and med["auto_k0"]:
-        all_plain["step_ratio"] = round(med["auto_k0"] / med["plain"], 4)
+        out["step_ratio"] = round(med["auto_k0"] / med["plain"], 4)
+    return out
 
-    # 2. the mix: auto as users run it
+
+def mix(args, target, head, prompts, n, sampling, auto_cfg, log) -> tuple[float, dict]:
+    """Auto as users run it beside the plain engine (part 2): (calibration seconds, the figures)."""
+    calls = args.warmup + args.calls
     plain = SpeculativeEngine(target, None, EngineConfig(max_batch_size=args.batch))
     auto = SpeculativeEngine(target, head, EngineConfig(rule=args.rule, **auto_cfg))
     start = time.perf_counter()
@@ -161,37 +202,20 @@ def main(argv: list[str] | None = None) -> dict:
             if c < args.warmup:
                 continue
             rec[name].append((sum(len(t.completion_ids) for t in trajs), seconds))
-            traces[name].append(eng.stats["trace"])
+            traces[name].append((eng.stats["trace"], eng.stats["tokens_per_round"]))
             outside[name].append(seconds - sum(r[3] for r in eng.stats["trace"]))
         log(f"mix: call {c + 1}/{calls}" + (" (warm-up)" if c < args.warmup else ""))
-    mix = {
+    out = {
         name: {
             "tokens_per_s": round(sum(t for t, _ in rec[name]) / sum(s for _, s in rec[name]), 1),
-            "in_rounds_s": round(sum(r[3] for tr in traces[name] for r in tr), 3),
+            "in_rounds_s": round(sum(r[3] for tr, _ in traces[name] for r in tr), 3),
             "outside_rounds_s_per_call": round(statistics.median(outside[name]), 3),
             "rounds": buckets(traces[name], args.batch),
         }
         for name in mix_engines
     }
-    mix["auto_vs_plain"] = ratio_of_sums(rec[f"{args.rule}_auto"], rec["plain"])
-    out = {
-        "bench": "plain_steps",
-        "preset": args.preset,
-        "path": str(path),
-        "batch": args.batch,
-        "group": args.group,
-        "calls": args.calls,
-        "warmup": args.warmup,
-        "new_tokens": n_new,
-        "rule": args.rule,
-        "threads": torch.get_num_threads(),
-        "calibration_s": calibration_s,
-        "all_plain": all_plain,
-        "mix": mix,
-    }
-    json.dump(out, sys.stdout, indent=2)
-    print()
-    return out
+    out["auto_vs_plain"] = ratio_of_sums(rec[f"{args.rule}_auto"], rec["plain"])
+    return calibration_s, out
 
 
 if __name__ == "__main__":

@@ -201,6 +201,7 @@ class SpeculativeEngine:
             cache_bytes_copied=0,
             k_per_round=[],
             trace=[],  # per round: [start (s since the call began), live rows, k, wall seconds, cache width]
+            tokens_per_round=[],  # per round (as trace): the tokens it kept, over its rows
         )
         if self.config.profile:
             totals.update(time=dict.fromkeys(_PHASES, 0.0), forward_by_width={})
@@ -307,7 +308,9 @@ class SpeculativeEngine:
             totals["draft_forwards"] += n_forwards
             last = res.tokens.gather(1, (res.num_emitted - 1).unsqueeze(1)).squeeze(1)
             clock = self._clock("record")
+            kept = totals["tokens"]
             active = self._record(rows, host, sampling, eos, totals, drafted=drafted)
+            totals["tokens_per_round"].append(totals["tokens"] - kept)
             self._tick(clock)
             width = drafted if isinstance(drafted, int) else max(drafted)
             totals["k_per_round"].append(width)

@@ -336,6 +336,10 @@ def test_a_calibration_run_cycles_every_k_and_stops_when_the_plan_is_done(qwen):
     # each round is planned and traced at its cache width: the 3 prompt slots, then growing every round
     traced = [width for *_, width in eng.stats["trace"]]
     assert widths == traced and traced[0] == 3 and all(b > a for a, b in itertools.pairwise(traced))
+    # the tokens each round kept, over its rows: a plain step one a row, every token past the prefill's
+    kept = eng.stats["tokens_per_round"]
+    assert len(kept) == 7 and kept[3] == kept[6] == 2 and all(n >= 2 for n in kept)
+    assert sum(kept) == sum(len(t.completion_ids) for t in out) - 2
 
 
 def test_a_calibration_plan_repeats_each_k_and_times_only_the_last_of_each_block():
