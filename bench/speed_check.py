@@ -15,7 +15,9 @@ without it (``{rule}_auto_off``).  Every auto engine starts from its own copy of
 and runs ``--warmup`` untimed calls first (an RL run's engines carry their state from call to call).
 ``--skew S`` multiplies the calibration's figures for every k >= 1 by S before any call: a calibration
 error of known size, to see whether the check finds it (where the check has nothing to correct, on
-and off choose the same k's, and their ratio is an A/A control).
+and off choose the same k's, and their ratio is an A/A control).  ``--window W`` also runs each rule's
+auto (check on) with ``EngineConfig(drafter_window=W)`` as ``{rule}_auto_w{W}``, against its rule's
+auto; ``--no-off`` leaves the check-off twins out.
 
 Reports each system's tokens/s over all its timed calls, and ratios with 90% bootstrap intervals over
 the paired calls (``ratio_of_sums``): every system against plain, each auto against its rule's fixed
