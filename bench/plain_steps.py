@@ -13,9 +13,10 @@ parts, each interleaved call by call (the order alternating), on the same prompt
    step at B rows (ms), the median call, and the engine's phase seconds summed over the timed calls.
 2. ``mix``: the auto engine as users run it (``--rule``, calibrated once, untimed ``--warmup`` calls
    first) beside the plain engine: each system's rounds bucketed by live rows (B, B/2..B-1, 16..B/2-1,
-   under 16) and kind (plain step or speculative round): rounds, seconds, ms a round, tokens kept
-   (``stats["tokens_per_round"]``) and tokens/s; and the seconds spent inside rounds and outside them
-   (prefill, trajectories) a call.
+   under 16) and kind (``plain`` step; ``steady``: a speculative round after a speculative one or the
+   prefill; ``catchup``: one right after a plain step, which first absorbs the pairs the plain run
+   left): rounds, seconds, ms a round, tokens kept (``stats["tokens_per_round"]``) and tokens/s; and the
+   seconds spent inside rounds and outside them (prefill, trajectories) a call.
 
 Prints one JSON object on stdout; progress goes to stderr.
 """
@@ -51,12 +52,16 @@ def bucket(live: int, full: int) -> str:
 
 
 def buckets(calls: list[tuple[list, list[int]]], full: int) -> dict:
-    """Rounds of all the calls (each its trace and tokens kept a round) by live-row bucket and kind:
-    rounds, seconds, ms a round, tokens kept, tokens/s."""
+    """Rounds of all the calls (each its trace and tokens kept a round) by live-row bucket and kind
+    (``plain``, ``steady``, ``catchup``): rounds, seconds, ms a round, tokens kept, tokens/s."""
     out: dict[str, list] = {}
     for trace, kept in calls:
+        prev = None
         for (_, live, k, seconds, _), tokens in zip(trace, kept, strict=True):
-            x = out.setdefault(f"{bucket(live, full)}:{'spec' if k else 'plain'}", [0, 0.0, 0])
+            # a speculative round right after a plain step first absorbs the pairs the plain run left
+            kind = "plain" if not k else ("catchup" if prev == 0 else "steady")
+            prev = k
+            x = out.setdefault(f"{bucket(live, full)}:{kind}", [0, 0.0, 0])
             x[0] += 1
             x[1] += seconds
             x[2] += tokens

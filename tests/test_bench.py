@@ -679,6 +679,8 @@ def test_plain_steps_bench_on_micro(micro_world):
     mix = out["mix"]
     assert set(mix) == {"plain", "strict_auto", "auto_vs_plain"} and mix["auto_vs_plain"]["n"] == 2
     assert all(key.endswith(":plain") for key in mix["plain"]["rounds"])  # the plain engine never drafts
+    kinds = {key.split(":")[1] for key in mix["strict_auto"]["rounds"]}
+    assert kinds and kinds <= {"plain", "steady", "catchup"}
     rounds = mix["strict_auto"]["rounds"].values()
     # 6 new tokens a row at most, 8 rows, 2 calls: the prefill samples one a row, the rounds the rest
     assert sum(v["tokens"] for v in rounds) <= 2 * 8 * 5
