@@ -370,9 +370,10 @@ class SpeedCheck:
     on itself: more plain steps, dearer rounds after them, a larger factor, more plain steps.  Strict
     at B = 128 on this CPU (2026-12-05): speculative rounds read 1.32-1.65x their prediction at 128 rows
     against plain steps' 1.02-1.20x, a factor of 1.23-1.45, plain chosen in 703 of 1101 rounds and
-    0.925x the plain engine where the check turned off read 0.988x; with catch-up rounds left out the
-    factor there read 1.009 (1.118 against 1.109).  The planner makes a near tie's speculative round
-    after plain steps two rounds, so that the second is a sample (``KPlanner``).
+    0.925x the plain engine where the check turned off read 0.988x.  With catch-up rounds left out
+    (``bench/speed_check.py --calls 20``, 2026-12-05 late) the factor there read 0.915 (1.068 against
+    1.167) and the check paid: on / off 1.027 strict, 1.020 mars.  The planner makes a near tie's
+    speculative round after plain steps two rounds, so that the second is a sample (``KPlanner``).
 
     Why both kinds and a ratio: a shared machine's pace moves every round alike, and that cancels; the
     two kinds are interleaved in time wherever the factor acts.  Why not the per-k figures: judging each
