@@ -185,3 +185,22 @@ def tail(trace: list | None, sequences: int, wall: float, finished: float = 0.9)
                 "rounds_in_tail": sum(1 for e in trace if e[0] >= elapsed),
             }
     return {"t_at_finished_s": None, "tail_s": 0.0, "tail_share": 0.0, "rounds_in_tail": 0}
+
+
+def world_and_prompts(preset: str, world, count: int):
+    """A tiny world and ``count`` of its held-out prompts for a bench's engine calls: (path, target,
+    tokenizer, drafter, the preset's config, chat prompt ids).  The world is built when missing; its
+    progress goes to stderr, since a bench's stdout carries only its JSON."""
+    import contextlib
+    import sys
+
+    from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld
+    from marsrl.tinyworld.build import heldout_problems
+    from marsrl.tinyworld.tokenizer import chat_prompt_ids
+
+    with contextlib.redirect_stdout(sys.stderr):
+        path = world or build_tinyworld(preset, progress=False)
+        target, tok, head, _ = load_tinyworld(path)
+    cfg = PRESETS[preset]
+    prompts = [chat_prompt_ids(tok, p["question"]) for p in heldout_problems(cfg, count)]
+    return path, target, tok, head, cfg, prompts

@@ -24,7 +24,6 @@ Prints one JSON object on stdout; progress goes to stderr.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
@@ -34,13 +33,11 @@ from pathlib import Path
 import torch
 
 sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
-from _common import ratio_of_sums
+from _common import ratio_of_sums, world_and_prompts
 
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
 from marsrl.engine.adaptive import FixedK
-from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld
-from marsrl.tinyworld.build import heldout_problems
-from marsrl.tinyworld.tokenizer import chat_prompt_ids
+from marsrl.tinyworld import PRESETS
 
 
 def bucket(live: int, full: int) -> str:
@@ -100,14 +97,10 @@ def main(argv: list[str] | None = None) -> dict:
     def log(msg: str) -> None:
         print(f"[plain_steps] {msg}", file=sys.stderr, flush=True)
 
-    with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON
-        path = args.world or build_tinyworld(args.preset, progress=False)
-        target, tok, head, _ = load_tinyworld(path)
-    cfg = PRESETS[args.preset]
-    n_new = args.new_tokens or cfg.max_new_tokens
     n = args.batch // args.group
     calls = args.warmup + args.calls
-    prompts = [chat_prompt_ids(tok, p["question"]) for p in heldout_problems(cfg, n * calls)]
+    path, target, tok, head, cfg, prompts = world_and_prompts(args.preset, args.world, n * calls)
+    n_new = args.new_tokens or cfg.max_new_tokens
     auto_cfg = dict(
         num_draft_tokens="auto", max_draft_tokens=args.max_draft_tokens, max_batch_size=args.batch
     )
