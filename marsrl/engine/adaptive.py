@@ -32,8 +32,9 @@ speculative round to a plain step stays.  Where that ratio decides (the two kind
 ``explore_within`` of each other: strict at 128 rows on this project's CPU, where the calibration's
 few-percent error flipped the choice and auto read 0.89-0.93x plain) each round's measured seconds
 are set against its prediction per kind, the predicted seconds of every k >= 1 are multiplied by the
-measured ratio of the two kinds, and every ``tie_every``-th near-tie round at a batch size runs the
-kind the model ranks second, so that both are measured.
+measured ratio of the two kinds, and now and then a near-tie round at a batch size runs the kind the
+model ranks second, so that both are measured: the ``tie_every``-th, then ever more rarely while each
+such measurement confirms the ranking (``SpeedCheck.tie_due``).
 
 Exploration: a round learns nothing about the positions past its k.  So after ``probe_every`` plain rounds
 in a row the engine drafts once at the best k >= 1 (each probe that still loses to plain doubles the
@@ -385,6 +386,29 @@ class SpeedCheck:
     def __init__(self, window: int = 64, least: int = 8, cap: float = 3.0):
         self.window, self.least, self.cap = window, least, cap
         self.rounds: dict[tuple[int, bool], list[tuple[float, float]]] = {}
+        # per size: [near-tie rounds left before the next measuring one, the gap, the kind that won at
+        # the last measuring round] (``tie_due``)
+        self.ties: dict[int, list] = {}
+
+    def tie_due(self, size: int, plain_wins: bool, every: int = 8, most: int = 64) -> bool:
+        """Whether this near-tie round at ``size`` runs the kind ranked second, so that both kinds are
+        measured.  The first is the ``every``-th near-tie round; once both kinds have ``least`` rounds
+        (the factor acts), each measuring round whose winner is the last one's (the measurement confirmed
+        the ranking) doubles the gap to the next, up to ``most``; any other sets it back to ``every``.
+        Counted over the engine's calls (carried with the rounds).  Why not every ``every``-th for good:
+        where plain wins by a hair (strict at 128 rows on this CPU) each measuring round is a pair of
+        speculative rounds, a catch-up and its sample, each 10-20% below a plain step's pace
+        (``bench/plain_steps.py --part mix``); at a gap of 8 that is 2 rounds in 9, some 45% of the
+        time at 128 rows."""
+        left, gap, last = self.ties.get(size, (every, every, None))
+        left -= 1
+        due = left <= 0
+        if due:
+            measured = self.ratio(size, True) is not None and self.ratio(size, False) is not None
+            gap = min(2 * gap, most) if measured and last == plain_wins else every
+            left, last = gap, plain_wins
+        self.ties[size] = [left, gap, last]
+        return due
 
     def add(
         self, size: int, speculative: bool, seconds: float, predicted: float, after_plain: int = 0
@@ -411,16 +435,18 @@ class SpeedCheck:
     def carried(self) -> SpeedCheck:
         out = SpeedCheck(self.window, self.least, self.cap)
         out.rounds = {key: list(v) for key, v in self.rounds.items()}
+        out.ties = {key: list(v) for key, v in self.ties.items()}
         return out
 
     def to_dict(self) -> dict:
-        sizes = sorted({s for s, _ in self.rounds})
+        sizes = sorted({s for s, _ in self.rounds} | set(self.ties))
         return {
             str(s): {
                 "factor": self.factor(s),
                 "plain": self.ratio(s, False),
                 "speculative": self.ratio(s, True),
                 "rounds": [len(self.rounds.get((s, False), [])), len(self.rounds.get((s, True), []))],
+                "tie_gap": self.ties[s][1] if s in self.ties else None,
             }
             for s in sizes
         }
@@ -445,6 +471,7 @@ class KPlanner:
         speculative: int = 0,
         speed: SpeedCheck | None = None,
         tie_every: int = 8,
+        tie_most: int = 64,
         probe: tuple[int, int] | None = None,
     ):
         self.costs = costs
@@ -468,8 +495,7 @@ class KPlanner:
         self._tables: dict[int, tuple[list[float], list[float]]] = {}
         # measured against predicted seconds (``timed``); None: the choice never reads the clock
         self.speed = speed
-        self.tie_every = tie_every
-        self._ties: dict[int, int] = {}  # near-tie rounds so far at each measured batch size
+        self.tie_every, self.tie_most = tie_every, tie_most  # near ties' measuring gap (SpeedCheck.tie_due)
         self._grid = sorted(costs.rounds)
         self._last: tuple[int, int, float] | None = None  # the chosen round: (size, k, predicted seconds)
         self._since_spec = 0  # plain steps since this call's last speculative round (timed ones)
@@ -506,16 +532,15 @@ class KPlanner:
         if self.speed is not None:  # a near tie between the kinds: measure the runner-up now and then
             spec = max(range(1, self.k_max + 1), key=lambda k: (rates[k], -k))
             low, high = sorted((rates[0], rates[spec]))
-            if low >= high * (1 - self.explore_within):
-                self._ties[size] = self._ties.get(size, 0) + 1
-                if self._ties[size] % self.tie_every == 0:
-                    if rates[0] < rates[spec]:
-                        return 0
-                    # after plain steps the first speculative round is a catch-up round, which the
-                    # check leaves out (``SpeedCheck.add``): a second one is its sample
-                    if self._since_spec:
-                        self._follow = spec
-                    return spec
+            near = low >= high * (1 - self.explore_within)
+            if near and self.speed.tie_due(size, rates[0] >= rates[spec], self.tie_every, self.tie_most):
+                if rates[0] < rates[spec]:
+                    return 0
+                # after plain steps the first speculative round is a catch-up round, which the check
+                # leaves out (``SpeedCheck.add``): a second one is its sample
+                if self._since_spec:
+                    self._follow = spec
+                return spec
         best = max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
         if best > 0:
             if self._probed:  # the probe turned the choice: probe soon again where plain wins next
