@@ -2,10 +2,12 @@
 
     python bench/plain_steps.py                  # default world, B = 128, 1 warm-up + 5 timed calls each
     python bench/plain_steps.py --preset micro --batch 8 --calls 1 --new-tokens 8   # smoke
+    python bench/plain_steps.py --part fixed --calls 5 --rule strict   # the model's k ranking, checked
 
 A plain step of ``num_draft_tokens="auto"`` (k = 0) does what the plain engine's step does, and also
 taps the target's features and keeps the drafter's input pair for the next speculative round.  Two
-parts, each interleaved call by call (the order alternating), on the same prompts and seeds:
+parts by default, a third on request, each interleaved call by call (the order alternating), on the
+same prompts and seeds:
 
 1. ``all_plain``: the auto engine held at k = 0 for whole calls (its planner replaced by ``FixedK(0)``
    through the engine's internal ``_generate``, as its calibration drives it) beside the plain engine,
@@ -17,6 +19,9 @@ parts, each interleaved call by call (the order alternating), on the same prompt
    prefill; ``catchup``: one right after a plain step, which first absorbs the pairs the plain run
    left): rounds, seconds, ms a round, tokens kept (``stats["tokens_per_round"]``) and tokens/s; and the
    seconds spent inside rounds and outside them (prefill, trajectories) a call.
+3. ``fixed`` (only with ``--part fixed``): a fixed-k engine for each k in ``--ks`` (0 the plain
+   engine), their real rounds bucketed by live rows and k against one calibration's predicted seconds,
+   with tokens/s measured and as the model would have it, and the best k by each (``fixed``).
 
 Prints one JSON object on stdout; progress goes to stderr.
 """
@@ -86,7 +91,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-draft-tokens", type=int, default=7, help="auto's largest k")
     ap.add_argument("--new-tokens", type=int, default=None, help="default: the world's max_new_tokens")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
-    ap.add_argument("--part", default="both", choices=("both", "all_plain", "mix"), help="which part to run")
+    ap.add_argument(
+        "--part", default="both", choices=("both", "all_plain", "mix", "fixed"), help="which part to run"
+    )
+    ap.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5], help="part fixed: the k's")
     args = ap.parse_args(argv)
     if args.batch % args.group:
         ap.error(f"--batch: {args.batch} is not a multiple of --group {args.group}")
@@ -131,6 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
         out["all_plain"] = all_plain(args, target, head, prompts, n, sampling, auto_cfg, log)
     if args.part in ("both", "mix"):
         out["calibration_s"], out["mix"] = mix(args, target, head, prompts, n, sampling, auto_cfg, log)
+    if args.part == "fixed":
+        out["calibration_s"], out["fixed"] = fixed(args, target, head, prompts, n, sampling, auto_cfg, log)
     json.dump(out, sys.stdout, indent=2)
     print()
     return out
@@ -218,3 +228,66 @@ def mix(args, target, head, prompts, n, sampling, auto_cfg, log) -> tuple[float,
 
 if __name__ == "__main__":
     main()
+
+
+def fixed(args, target, head, prompts, n, sampling, auto_cfg, log) -> tuple[float, dict]:
+    """Fixed-k engines' real rounds against one calibration's prediction (part 3, ``--part fixed``):
+    whether the cost model ranks the k's as the workload does where the choice is close.  Each k in
+    ``--ks`` (0: the plain engine) runs whole calls, interleaved call by call (the order rotated); every
+    round but a call's first is bucketed by live rows and k with its measured seconds, the seconds the
+    calibrated model predicts for its rows, k and cache width (no levels: the model as calibrated), and
+    its tokens.  Per bucket and k: rounds, ms a round, measured over predicted seconds, tokens a row,
+    tokens/s measured and as the model would have it (the same tokens over the predicted seconds), and
+    per bucket the best k by each."""
+    calls = args.warmup + args.calls
+    common = dict(max_batch_size=args.batch)
+    engines = {
+        k: SpeculativeEngine(
+            target,
+            head if k else None,
+            EngineConfig(rule=args.rule, num_draft_tokens=k, **common) if k else EngineConfig(**common),
+        )
+        for k in args.ks
+    }
+    start = time.perf_counter()
+    model = SpeculativeEngine(target, head, EngineConfig(rule=args.rule, **auto_cfg)).calibrate(
+        prompts=prompts[:n]
+    )
+    calibration_s = round(time.perf_counter() - start, 3)
+    log(f"cost model measured in {calibration_s} s")
+    rec: dict[str, dict[int, list[float]]] = {}  # bucket -> k -> [rounds, seconds, predicted, tokens, rows]
+    order = list(engines)
+    for c in range(calls):
+        for k in order[c % len(order) :] + order[: c % len(order)]:
+            engines[k].generate(prompts[c * n : (c + 1) * n], sampling(c, False))
+            if c < args.warmup:
+                continue
+            st = engines[k].stats
+            rounds = list(zip(st["trace"], st["tokens_per_round"], strict=True))
+            for (_, live, kk, seconds, width), tokens in rounds[1:]:
+                x = rec.setdefault(bucket(live, args.batch), {}).setdefault(kk, [0, 0.0, 0.0, 0, 0])
+                x[0] += 1
+                x[1] += seconds
+                x[2] += model.round_seconds(live, kk, width)
+                x[3] += tokens
+                x[4] += live
+        log(f"fixed: call {c + 1}/{calls}" + (" (warm-up)" if c < args.warmup else ""))
+    out = {}
+    for b, by_k in sorted(rec.items()):
+        rows = {
+            str(k): {
+                "rounds": r,
+                "ms": round(1e3 * s / r, 2),
+                "measured_over_predicted": round(s / p, 4),
+                "tokens_per_row": round(t / live, 3),
+                "tokens_per_s": round(t / s, 1),
+                "model_tokens_per_s": round(t / p, 1),
+            }
+            for k, (r, s, p, t, live) in sorted(by_k.items())
+        }
+        out[b] = {
+            "k": rows,
+            "best_measured": max(rows, key=lambda k: rows[k]["tokens_per_s"]),
+            "best_model": max(rows, key=lambda k: rows[k]["model_tokens_per_s"]),
+        }
+    return calibration_s, out

@@ -687,3 +687,16 @@ def test_plain_steps_bench_on_micro(micro_world):
     assert all(v["tokens"] >= v["rounds"] for v in rounds)
     with pytest.raises(SystemExit):
         bench.main([*args, "--batch", "12"])  # not a multiple of --group 8
+    # part fixed: every round of each fixed-k engine but a call's first, against the calibration
+    out = bench.main(
+        [*args, "--new-tokens", "6", "--max-draft-tokens", "3", "--part", "fixed", "--ks", "0", "2"]
+    )
+    assert "mix" not in out and "all_plain" not in out and out["calibration_s"] > 0
+    by_k = [b["k"] for b in out["fixed"].values()]
+    assert {k for rows in by_k for k in rows} == {"0", "2"}
+    for b in out["fixed"].values():
+        assert b["best_measured"] in b["k"] and b["best_model"] in b["k"]
+        for k, row in b["k"].items():
+            assert row["measured_over_predicted"] > 0 and row["tokens_per_row"] >= 1
+            if k == "0":
+                assert row["tokens_per_row"] == 1  # a plain step keeps one token a row
