@@ -226,10 +226,6 @@ def mix(args, target, head, prompts, n, sampling, auto_cfg, log) -> tuple[float,
     return calibration_s, out
 
 
-if __name__ == "__main__":
-    main()
-
-
 def fixed(args, target, head, prompts, n, sampling, auto_cfg, log) -> tuple[float, dict]:
     """Fixed-k engines' real rounds against one calibration's prediction (part 3, ``--part fixed``):
     whether the cost model ranks the k's as the workload does where the choice is close.  Each k in
@@ -291,3 +287,7 @@ def fixed(args, target, head, prompts, n, sampling, auto_cfg, log) -> tuple[floa
             "best_model": max(rows, key=lambda k: rows[k]["model_tokens_per_s"]),
         }
     return calibration_s, out
+
+
+if __name__ == "__main__":
+    main()
