@@ -700,3 +700,20 @@ def test_plain_steps_bench_on_micro(micro_world):
             assert row["measured_over_predicted"] > 0 and row["tokens_per_row"] >= 1
             if k == "0":
                 assert row["tokens_per_row"] == 1  # a plain step keeps one token a row
+
+
+def test_every_bench_script_runs_main_after_all_its_definitions():
+    """Run as a script, a bench executes its ``if __name__ == "__main__"`` block where it stands: a
+    function defined below it does not exist yet when main() calls it (bench/plain_steps.py's part
+    fixed, 2026-12-06, which the loaded-module tests above cannot see).  So the block comes last."""
+    import ast
+
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        body = ast.parse(path.read_text()).body
+        guards = [
+            i
+            for i, node in enumerate(body)
+            if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+        ]
+        if guards:
+            assert guards == [len(body) - 1], f"{path.name}: the __main__ block is not the last statement"
