@@ -398,8 +398,10 @@ class SpeedCheck:
         Counted over the engine's calls (carried with the rounds).  Why not every ``every``-th for good:
         where plain wins by a hair (strict at 128 rows on this CPU) each measuring round is a pair of
         speculative rounds, a catch-up and its sample, each 10-20% below a plain step's pace
-        (``bench/plain_steps.py --part mix``); at a gap of 8 that is 2 rounds in 9, some 45% of the
-        time at 128 rows."""
+        (``bench/plain_steps.py --part mix``); at a gap of 8 that is 2 rounds in 9 while the tie lasts.
+        Against the gap held at 8 (throwaway A/B at B = 128, 20 paired calls, 2026-12-06) it read 1.005
+        [0.991, 1.021] strict and 0.995 [0.982, 1.007] mars: no effect this CPU resolves, the catch-ups
+        of probes and of the planner's own alternation weighing more there."""
         left, gap, last = self.ties.get(size, (every, every, None))
         left -= 1
         due = left <= 0
