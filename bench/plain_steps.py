@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.batch % args.group:
         ap.error(f"--batch: {args.batch} is not a multiple of --group {args.group}")
+    if args.part == "fixed" and not all(0 <= k <= args.max_draft_tokens for k in args.ks):
+        ap.error(f"--ks: each k must lie in 0..--max-draft-tokens {args.max_draft_tokens}, got {args.ks}")
     if args.calls < 1 or args.warmup < 0:
         ap.error("--calls must be >= 1 and --warmup >= 0")
     torch.set_num_threads(args.threads)

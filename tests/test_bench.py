@@ -700,6 +700,8 @@ def test_plain_steps_bench_on_micro(micro_world):
             assert row["measured_over_predicted"] > 0 and row["tokens_per_row"] >= 1
             if k == "0":
                 assert row["tokens_per_row"] == 1  # a plain step keeps one token a row
+    with pytest.raises(SystemExit):  # the calibration prices k up to --max-draft-tokens only
+        bench.main([*args, "--max-draft-tokens", "3", "--part", "fixed", "--ks", "0", "4"])
 
 
 def test_every_bench_script_runs_main_after_all_its_definitions():

@@ -390,15 +390,16 @@ class SpeedCheck:
         # the last measuring round] (``tie_due``)
         self.ties: dict[int, list] = {}
 
-    def tie_due(self, size: int, plain_wins: bool, every: int = 8, most: int = 64) -> bool:
+    def tie_due(self, size: int, plain_wins: bool, every: int, most: int) -> bool:
         """Whether this near-tie round at ``size`` runs the kind ranked second, so that both kinds are
         measured.  The first is the ``every``-th near-tie round; once both kinds have ``least`` rounds
         (the factor acts), each measuring round whose winner is the last one's (the measurement confirmed
         the ranking) doubles the gap to the next, up to ``most``; any other sets it back to ``every``.
         Counted over the engine's calls (carried with the rounds).  Why not every ``every``-th for good:
         where plain wins by a hair (strict at 128 rows on this CPU) each measuring round is a pair of
-        speculative rounds, a catch-up and its sample, each 10-20% below a plain step's pace
-        (``bench/plain_steps.py --part mix``); at a gap of 8 that is 2 rounds in 9 while the tie lasts.
+        speculative rounds, a catch-up and its sample; at 64-127 rows catch-up rounds ran 1156 tok/s and
+        steady ones 2226 against the plain engine's 2514 (``bench/plain_steps.py --part mix --calls 8
+        --warmup 6``, 2026-12-06); at a gap of 8 that is 2 rounds in 9 while the tie lasts.
         Against the gap held at 8 (throwaway A/B at B = 128, 20 paired calls, 2026-12-06) it read 1.005
         [0.991, 1.021] strict and 0.995 [0.982, 1.007] mars: no effect this CPU resolves, the catch-ups
         of probes and of the planner's own alternation weighing more there."""
