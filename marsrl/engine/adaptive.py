@@ -344,6 +344,24 @@ class AcceptanceEstimates:
         return out
 
 
+class Lengths:
+    """Completion lengths of the engine's last call, for the tokens a live row can still be expected to
+    make: ``remaining(made)`` is the mean of (length - made) over the lengths past ``made``, and
+    ``cap - made`` where none is (nothing known: the call's max_new_tokens bounds it).  A GRPO step's
+    next call samples the same prompts' distribution under a policy one update away."""
+
+    def __init__(self, lengths: list[int], cap: int):
+        self.cap = cap
+        self.sorted = sorted(min(n, cap) for n in lengths)
+        self.suffix = list(itertools.accumulate(reversed(self.sorted)))[::-1]  # sum of sorted[i:]
+
+    def remaining(self, made: float) -> float:
+        i = bisect.bisect_right(self.sorted, made)
+        if i == len(self.sorted):
+            return max(self.cap - made, 1.0)
+        return self.suffix[i] / (len(self.sorted) - i) - made
+
+
 def nearest_size(grid: list[int], rows: int) -> int:
     """The measured batch size nearest to ``rows`` live rows, in log scale (grid sorted, non-empty)."""
     return min(grid, key=lambda g: abs(math.log(g / max(rows, 1))))
@@ -386,6 +404,9 @@ class SpeedCheck:
     def __init__(self, window: int = 64, least: int = 8, cap: float = 3.0):
         self.window, self.least, self.cap = window, least, cap
         self.rounds: dict[tuple[int, bool], list[tuple[float, float]]] = {}
+        # catch-up rounds: each one's seconds past a steady round's, per plain-step pair it absorbed
+        # (``pair_seconds``), the last ``window``
+        self.catchups: list[float] = []
         # per size: [near-tie rounds left before the next measuring one, the gap, the kind that won at
         # the last measuring round] (``tie_due``)
         self.ties: dict[int, list] = {}
@@ -414,11 +435,22 @@ class SpeedCheck:
         return due
 
     def add(
-        self, size: int, speculative: bool, seconds: float, predicted: float, after_plain: int = 0
+        self,
+        size: int,
+        speculative: bool,
+        seconds: float,
+        predicted: float,
+        after_plain: int = 0,
+        pairs: int = 0,
     ) -> None:
         """One round at measured batch size ``size``; ``after_plain``: the plain steps right before it
-        (a speculative round after any is a catch-up round, not counted)."""
+        (a speculative round after any is a catch-up round, not counted in the ratios); ``pairs``: the
+        plain steps' pairs a catch-up round absorbed first, over all its rows (its excess over a steady
+        round, per pair, goes to ``pair_seconds``)."""
         if speculative and after_plain:
+            if pairs > 0:
+                steady = predicted * (self.ratio(size, True) or 1.0)
+                self.catchups = [*self.catchups, (seconds - steady) / pairs][-self.window :]
             return
         kept = self.rounds.setdefault((size, speculative), [])
         kept.append((min(seconds, self.cap * predicted), predicted))
@@ -431,6 +463,16 @@ class SpeedCheck:
             return None
         return sum(t for t, _ in kept) / max(sum(p for _, p in kept), 1e-12)
 
+    def pair_seconds(self) -> float | None:
+        """What one plain-step pair costs the catch-up round that absorbs it (seconds, >= 0): the median
+        over the last ``window`` catch-up rounds of (seconds - a steady round's at its k, rows and width)
+        / pairs, a steady round being the model's prediction times the size's measured ratio; None under
+        ``least`` catch-ups.  A median: one stall of the machine in a catch-up would move a mean by
+        seconds over a few thousand pairs."""
+        if len(self.catchups) < self.least:
+            return None
+        return max(statistics.median(self.catchups), 0.0)
+
     def factor(self, size: int) -> float:
         spec, plain = self.ratio(size, True), self.ratio(size, False)
         return spec / plain if spec is not None and plain is not None else 1.0
@@ -439,6 +481,7 @@ class SpeedCheck:
         out = SpeedCheck(self.window, self.least, self.cap)
         out.rounds = {key: list(v) for key, v in self.rounds.items()}
         out.ties = {key: list(v) for key, v in self.ties.items()}
+        out.catchups = list(self.catchups)
         return out
 
     def to_dict(self) -> dict:
@@ -476,6 +519,7 @@ class KPlanner:
         tie_every: int = 8,
         tie_most: int = 64,
         probe: tuple[int, int] | None = None,
+        lengths: Lengths | None = None,
     ):
         self.costs = costs
         self.k_max = k_max
@@ -503,14 +547,23 @@ class KPlanner:
         self._last: tuple[int, int, float] | None = None  # the chosen round: (size, k, predicted seconds)
         self._since_spec = 0  # plain steps since this call's last speculative round (timed ones)
         self._follow: int | None = None  # the k of a near-tie speculative round's second half
+        # the switch's price (``choose``'s debt): the last call's completion lengths, for the tokens
+        # the live rows still make; this round's plain-step pairs and their seconds; rounds held plain
+        self.lengths = lengths
+        self._debt, self._owed, self._ahead = 0, 0.0, 0.0
+        self._times: list[float] = []  # this round's predicted seconds per k, the factor applied
+        self.held = 0
 
     def rate(self, rows: int, k: int, width: int = 0) -> float:
         """Expected tokens per second of a round with k drafts for ``rows`` live rows over a cache
         ``width`` slots wide."""
         return rows * self.estimates.expected_tokens(k) / self.costs.round_seconds(rows, k, width)
 
-    def choose(self, rows: int, width: int = 0) -> int:
-        """The round's k for ``rows`` live rows whose cache is ``width`` slots wide."""
+    def choose(self, rows: int, width: int = 0, debt: int = 0, made: float = 0.0) -> int:
+        """The round's k for ``rows`` live rows whose cache is ``width`` slots wide.  ``debt``: the
+        plain-step pairs the drafter has not absorbed yet, over all rows (any k >= 1 absorbs them first);
+        ``made``: the live rows' mean tokens so far (with ``debt``, for the tokens they still make)."""
+        self._debt = debt
         if self.first:  # nothing observed yet: learn the acceptance of every position once
             self.first = False
             return self.k_max
@@ -523,10 +576,40 @@ class KPlanner:
         seconds = [max(b + s * width, 1e-9) for b, s in zip(base, slot, strict=True)]
         size = nearest_size(self._grid, rows) if self._grid else rows
         f = self.speed.factor(size) if self.speed is not None else 1.0
-        rates = [rows * n / (t * f if k else t) for k, (n, t) in enumerate(zip(tokens, seconds, strict=True))]
+        self._times = [t * f if k else t for k, t in enumerate(seconds)]
+        rates = [rows * n / t for n, t in zip(tokens, self._times, strict=True)]
+        pair = self.speed.pair_seconds() if self.speed is not None and debt else None
+        self._owed = debt * pair if pair is not None else 0.0
+        if self._owed:
+            ahead = self.lengths.remaining(made) if self.lengths is not None else 0.0
+            self._ahead = rows * ahead
         k = self._pick(rates, size)
         self._last = (size, k, seconds[k])
         return k
+
+    def _pays(self, k: int, rates: list[float], exploring: bool = False) -> bool:
+        """Whether switching from plain steps to k >= 1 now is worth what it owes: the catch-up's
+        seconds (``_owed``: the debt's pairs at the SpeedCheck's measured price; 0 where nothing is
+        owed or no price is measured yet).  A switch the model ranks best pays if the time it saves on
+        the tokens the live rows are still expected to make (``_ahead``, at this round's rates) covers
+        it; without the last call's lengths nothing is known to be ahead, and it does.  An exploring
+        switch (a probe, a near tie's measurement: the model ranks plain first) pays if the catch-up
+        costs no more than the round itself; otherwise it waits, for a batch's start where nothing is
+        owed.
+
+        Why: a plain step's pair costs the drafter about as much later (12-27 us at 64-128 rows on this
+        CPU, about 8% of the step) whether absorbed in a steady round or a catch-up; strict at B = 128
+        switched to drafting at 64-127 rows after plain runs of 31-63 steps, and its 14 catch-up rounds
+        there took 2.90 s against 1.33 s at plain's pace, auto's whole deficit (0.951x plain,
+        ``bench/plain_steps.py --part mix --calls 8 --warmup 6``, 2026-12-06)."""
+        if not self._owed:
+            return True
+        if exploring:
+            return self._owed <= self._times[k]
+        if self.lengths is None:
+            return True
+        saved = self._ahead * (1 / rates[0] - 1 / rates[k])
+        return saved >= self._owed
 
     def _pick(self, rates: list[float], size: int) -> int:
         if self._follow is not None:
@@ -536,8 +619,11 @@ class KPlanner:
             spec = max(range(1, self.k_max + 1), key=lambda k: (rates[k], -k))
             low, high = sorted((rates[0], rates[spec]))
             near = low >= high * (1 - self.explore_within)
-            if near and self.speed.tie_due(size, rates[0] >= rates[spec], self.tie_every, self.tie_most):
-                if rates[0] < rates[spec]:
+            plain_wins = rates[0] >= rates[spec]
+            # measuring the speculative kind after plain steps waits while its catch-up costs too much
+            measurable = not plain_wins or self._pays(spec, rates, exploring=True)
+            if near and measurable and self.speed.tie_due(size, plain_wins, self.tie_every, self.tie_most):
+                if not plain_wins:
                     return 0
                 # after plain steps the first speculative round is a catch-up round, which the check
                 # leaves out (``SpeedCheck.add``): a second one is its sample
@@ -545,6 +631,10 @@ class KPlanner:
                     self._follow = spec
                 return spec
         best = max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
+        if best > 0 and not self._pays(best, rates):  # held plain: the catch-up would cost more
+            self.held += 1
+            self._probed = False
+            return 0
         if best > 0:
             if self._probed:  # the probe turned the choice: probe soon again where plain wins next
                 self.wait = self.probe_every
@@ -558,11 +648,14 @@ class KPlanner:
             return best
         self._probed = False
         self.plain_run += 1
-        if self.plain_run >= self.wait:  # probe: re-measure acceptance at the best speculative k
+        probe = max(range(1, self.k_max + 1), key=lambda k: (rates[k], -k))
+        # probe: re-measure acceptance at the best speculative k, once its catch-up costs no more than
+        # the round (else the run goes on, and the probe waits for a cheaper moment)
+        if self.plain_run >= self.wait and self._pays(probe, rates, exploring=True):
             self.plain_run = 0
             self.wait *= 2
             self._probed = True
-            return max(range(1, self.k_max + 1), key=lambda k: (rates[k], -k))
+            return probe
         return 0
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
@@ -575,7 +668,8 @@ class KPlanner:
         if self._last is not None:
             size, k, predicted = self._last
             if self.speed is not None:
-                self.speed.add(size, k > 0, seconds, predicted, after_plain=self._since_spec if k else 0)
+                after, pairs = (self._since_spec, self._debt) if k else (0, 0)
+                self.speed.add(size, k > 0, seconds, predicted, after_plain=after, pairs=pairs)
             self._since_spec = 0 if k else self._since_spec + 1
         self._last = None
 
@@ -588,7 +682,7 @@ class FixedK:
     def __init__(self, k: int):
         self.k = k
 
-    def choose(self, rows: int, width: int = 0) -> int:
+    def choose(self, rows: int, width: int = 0, debt: int = 0, made: float = 0.0) -> int:
         return self.k
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
@@ -618,7 +712,7 @@ class CycleK:
         self.i = 0
         self.exhausted = False
 
-    def choose(self, rows: int, width: int = 0) -> int:
+    def choose(self, rows: int, width: int = 0, debt: int = 0, made: float = 0.0) -> int:
         k = self.plan[self.i]
         self.i += 1
         self.exhausted = self.i == len(self.plan)

@@ -37,7 +37,7 @@ import torch
 from ..trajectory import PER_TOKEN_FIELDS, Trajectory
 from ..verify import Provenance, sample_plain, verify_chain, verify_tree
 from ..verify.dist import sample_from_weights
-from .adaptive import CostModel, CycleK, FixedK, KPlanner, SpeedCheck, context_line
+from .adaptive import CostModel, CycleK, FixedK, KPlanner, Lengths, SpeedCheck, context_line
 from .attention import check_attention, target_attention
 from .cache import RaggedCache
 from .config import EngineConfig, SamplingParams
@@ -110,6 +110,7 @@ class SpeculativeEngine:
         self._speculative = 0  # auto: speculative rounds so far, which time the planner's exploration
         self._probe: tuple[int, int] | None = None  # auto: the planner's plain run and probe wait
         self._speed = None  # auto: the last call's SpeedCheck (measured against predicted round seconds)
+        self._lengths: list[int] = []  # auto: the last call's completion lengths (the planner's horizon)
         self._eagle = None
         check_attention(target)
         if drafter is not None and not hasattr(drafter, "propose"):
@@ -172,6 +173,7 @@ class SpeculativeEngine:
                 speculative=self._speculative if carry else 0,
                 speed=speed,
                 probe=self._probe if carry else None,
+                lengths=Lengths(self._lengths, sampling.max_new_tokens) if carry and self._lengths else None,
             )
         out = self._generate(prompts, sampling, planner)
         if planner is not None and self.config.adapt_costs:
@@ -179,8 +181,13 @@ class SpeculativeEngine:
             self._acceptance, self._speculative = planner.estimates, planner.speculative
             self._probe = (planner.plain_run, planner.wait)
             self._speed = planner.speed
+            self._lengths = [len(t.completion_ids) for t in out]
             if planner.speed is not None:
                 self.stats["speed_check"] = planner.speed.to_dict()
+                # what a plain step's pair costs a catch-up round (None: not measured yet), and the
+                # rounds held plain because switching to drafting would have cost more than it saves
+                price = planner.speed.pair_seconds()
+                self.stats["switch_debt"] = {"pair_seconds": price, "held": planner.held}
         return out
 
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams, planner) -> list[Trajectory]:
@@ -301,7 +308,11 @@ class SpeculativeEngine:
                     self._eagle.select(keep, keep_host)
             rows = [r for _, r in active]
             context = tcache.width  # slots every row's attention reads this round
-            k = planner.choose(len(rows), context) if planner is not None else None
+            k = None
+            if planner is not None:
+                debt = self._eagle.debt if self._eagle is not None else 0
+                made = sum(len(r.tokens) for r in rows) / len(rows) if debt else 0.0
+                k = planner.choose(len(rows), context, debt, made)
             round_start = time.perf_counter()
             res, drafted, n_forwards, host = self._round(rows, last, tcache, sampling, gen, k)
             totals["target_forwards"] += 1
@@ -775,7 +786,11 @@ class _EagleState:
         # plain steps' pairs (feats [B, n, 3Ht], tokens [B, n]), one pair a row each, pending after
         # the ones in feats / tokens and not counted in counts; written there at once by ``_flush``
         self.tail: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # the live rows' places in the tail's rows (None: the same rows): rows that finish during a plain
+        # run stay in the tail until it is written (``select`` only composes this index)
+        self.tail_rows: torch.Tensor | None = None
         self.skipped_pairs = 0  # pairs left out by the window over the batch (host count)
+        self.plain_steps = 0  # plain steps since the drafter last absorbed (each left a pair a row)
 
     def start(self, bsz, dev, feats, tokens, counts, counts_host, capacity: int) -> None:
         self.cache = RaggedCache(bsz, dev, capacity=capacity)
@@ -795,7 +810,7 @@ class _EagleState:
         if not (append and self.feats is not None and (self.tail or max(self.counts_host, default=0) > 0)):
             self.feats, self.tokens, self.counts, self.counts_host = feats, tokens, counts, list(counts_host)
             self._owned = False  # the round's own tensors: never written into
-            self.tail = []
+            self.tail, self.tail_rows = [], None
             return
         self._flush()
         self._append(feats, tokens, counts, counts_host)
@@ -807,16 +822,29 @@ class _EagleState:
         append=True)``) cost a 128-row plain step 1.3 ms of commit on this CPU, about 3% of the step
         (2026-12-05, a throwaway script); kept aside, auto's commit phase over 635 all-plain steps at 128
         rows took 0.065 s against the plain engine's 0.052 s (``bench/plain_steps.py``, 2026-12-05 late)."""
+        if self.tail_rows is not None:  # rows have finished since the run began: into the tail's rows
+            n = self.tail[0][1].shape[0]
+            f, t = feats.new_zeros(n, *feats.shape[1:]), tokens.new_zeros(n, *tokens.shape[1:])
+            f[self.tail_rows], t[self.tail_rows] = feats, tokens
+            feats, tokens = f, t
         self.tail.append((feats, tokens))
+        self.plain_steps += 1
         if self.window is not None and len(self.tail) >= 2 * self.window:
             self._flush()  # which trims to the window: a long plain run stays bounded in memory
+
+    @property
+    def debt(self) -> int:
+        """The plain steps' pairs the next speculative round absorbs first, over all rows (a window
+        bounds them): what switching to drafting owes."""
+        steps = min(self.plain_steps, self.window) if self.window is not None else self.plain_steps
+        return steps * len(self.counts_host)
 
     def _flush(self) -> None:
         """Write the plain steps' pairs (``tail``) after each row's pending pairs, in one go."""
         if not self.tail:
             return
         feats, tokens = self._tail_block()
-        self.tail = []
+        self.tail, self.tail_rows = [], None
         bsz, n = tokens.shape
         # through pend: where nothing else is pending (all absorbed) the block replaces the old one
         counts = torch.full((bsz,), n, dtype=torch.long, device=tokens.device)
@@ -824,8 +852,12 @@ class _EagleState:
 
     def _tail_block(self) -> tuple[torch.Tensor, torch.Tensor]:
         if len(self.tail) == 1:
-            return self.tail[0]
-        return torch.cat([f for f, _ in self.tail], 1), torch.cat([t for _, t in self.tail], 1)
+            feats, tokens = self.tail[0]
+        else:
+            feats, tokens = torch.cat([f for f, _ in self.tail], 1), torch.cat([t for _, t in self.tail], 1)
+        if self.tail_rows is not None:
+            feats, tokens = feats[self.tail_rows], tokens[self.tail_rows]
+        return feats, tokens
 
     def _append(self, feats, tokens, counts, counts_host) -> None:
         p = feats.shape[1]
@@ -864,9 +896,8 @@ class _EagleState:
         self.counts_host = [min(c, w) for c in self.counts_host]
 
     def select(self, rows, rows_host) -> None:
-        if self.tail:  # one block of the run so far, at the kept rows
-            feats, tokens = self._tail_block()
-            self.tail = [(feats[rows], tokens[rows])]
+        if self.tail:  # the run's pairs stay where they are; only the index to the kept rows moves
+            self.tail_rows = rows if self.tail_rows is None else self.tail_rows[rows]
         self.cache.select(rows, rows_host)
         self.feats, self.tokens, self.counts = self.feats[rows], self.tokens[rows], self.counts[rows]
         self.skipped = self.skipped[rows]
@@ -900,6 +931,7 @@ class _EagleState:
         rows = torch.arange(bsz, device=dev)
         h, lg = hidden[rows, self.counts - 1], logits[rows, self.counts - 1]
         self.counts_host = [0] * bsz  # absorbed
+        self.plain_steps = 0
         return h, lg
 
     def step(self, tokens, hidden, depth_offset: int, mask):
