@@ -36,6 +36,14 @@ measured ratio of the two kinds, and now and then a near-tie round at a batch si
 model ranks second, so that both are measured: the ``tie_every``-th, then ever more rarely while each
 such measurement confirms the ranking (``SpeedCheck.tie_due``).
 
+The switch's price (with the ``SpeedCheck``): after plain steps the first speculative round absorbs
+every pair they left the drafter, at each live row (``_EagleState.debt``), a cost no steady round has.
+The check measures it (``SpeedCheck.pair_seconds``: catch-up rounds' seconds past a steady round's, per
+pair), and the planner switches from plain steps to its best k only where that k's saving on the tokens
+the live rows are still expected to make (``Lengths``: the last call's completion lengths) covers the
+catch-up; an exploring switch (a probe, a near tie's measurement) waits while its catch-up costs more
+than its round (``KPlanner._pays``).
+
 Exploration: a round learns nothing about the positions past its k.  So after ``probe_every`` plain rounds
 in a row the engine drafts once at the best k >= 1 (each probe that still loses to plain doubles the
 wait; the run and the wait carry over the engine's calls, and a probe that turns the choice to
