@@ -43,7 +43,7 @@ class _Fixed:
     def __init__(self, k: int, rounds: int):
         self.k, self.left = k, rounds
 
-    def choose(self, rows: int, width: int = 0) -> int:
+    def choose(self, rows: int, width: int = 0, debt: int = 0, made: float = 0.0) -> int:
         self.left -= 1
         self.exhausted = self.left <= 0
         return self.k

@@ -605,11 +605,14 @@ class KPlanner:
         costs no more than the round itself; otherwise it waits, for a batch's start where nothing is
         owed.
 
-        Why: a plain step's pair costs the drafter about as much later (12-27 us at 64-128 rows on this
-        CPU, about 8% of the step) whether absorbed in a steady round or a catch-up; strict at B = 128
+        Why: every plain step leaves the drafter a pair a row to absorb later (the check read 31-39 us
+        a pair at B = 128 strict on this CPU, about 8% of a 128-row plain step); strict at B = 128
         switched to drafting at 64-127 rows after plain runs of 31-63 steps, and its 14 catch-up rounds
-        there took 2.90 s against 1.33 s at plain's pace, auto's whole deficit (0.951x plain,
-        ``bench/plain_steps.py --part mix --calls 8 --warmup 6``, 2026-12-06)."""
+        there took 2.90 s against 1.33 s at plain's pace (0.951x plain, ``bench/plain_steps.py --part
+        mix --calls 8 --warmup 6``, 2026-12-06).  Side by side with the planner without it (throwaway
+        A/B, B = 128, 20 paired calls, 2026-12-06) it read 0.994 [0.979, 1.010] strict and 1.007 mars:
+        no effect this CPU resolves, the catch-ups it saves being few once the drafter's pairs of a long
+        plain run stopped costing a copy a finishing row (``_EagleState.select``)."""
         if not self._owed:
             return True
         if exploring:
