@@ -510,7 +510,8 @@ class KPlanner:
     """Chooses each round's k; one per ``generate`` call.  Its estimates start from the prior, or from
     ``estimates`` carried over from the engine's earlier calls (then no exploring first round), and its
     count of speculative rounds (``speculative``, which times the exploration rounds) from 0 or from
-    the engine's last call."""
+    the engine's last call.  ``lengths``: the engine's last call's completion lengths, with which a
+    switch from plain steps to drafting is priced (``_pays``); None prices nothing."""
 
     exhausted = False  # every planner has it; only ``CycleK`` ever ends a call early
 

@@ -1217,8 +1217,8 @@ def test_speed_check_prices_a_plain_step_pair_from_catch_up_rounds():
     check.add(128, True, 6.0, 5.0, after_plain=1, pairs=0)  # nothing absorbed: no price sample
     assert len(check.catchups) == 4
     carried = check.carried()
-    for _ in range(8):
-        check.add(128, True, 6.0, 5.0, after_plain=1, pairs=50)  # cheaper than steady: read as 0
+    for _ in range(8):  # 0.5 s under a steady round's 6 s: a negative price, read as 0
+        check.add(128, True, 5.5, 5.0, after_plain=1, pairs=50)
     assert check.pair_seconds() == 0.0 and carried.pair_seconds() == pytest.approx(0.01)  # a copy
 
 
