@@ -8,8 +8,9 @@ is already cached) and attention reads the view ``[:, :, :width + T]``.  ``commi
 entries each row keeps (the accepted prefix of a chain, the accepted path of a tree) to the end of that
 row's valid region and shrinks ``width``: one flat index_select / index_copy_ of T entries a row per
 buffer, and nothing at all when every row keeps its entries in place.  ``select`` (rows leave the
-batch) copies the live rows once into a buffer of the smaller batch, dropping the slots before the
-earliest row start, so padding and the spread between rows stop costing memory and attention.
+batch) fills the places of the rows that left with rows from the end of the batch (``fill_order``), in
+the same buffers, so a finish costs one row's copy and not the rows after it; the slots before the
+earliest row start are dropped when that saves an eighth of the width.
 
 Host-side mirrors: ``width`` and the per-row ends (``starts + lengths``) are kept on the host as well, so
 no method here reads a device tensor back (on a GPU that would be a sync per call).
@@ -22,8 +23,6 @@ Deliberately left out: paging, sliding windows, CUDA graphs.
 """
 
 from __future__ import annotations
-
-import itertools
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -206,28 +205,43 @@ class RaggedCache:
             layer.width = min(layer.width, width)
 
     def select(self, rows: torch.Tensor, rows_host: list[int]) -> None:
-        """Keep only ``rows`` [B'] (``rows_host`` the same on the host): finished sequences stop costing
-        compute.  The live slots of the kept rows are copied, starting at the earliest kept row's start,
-        into the first B' rows of the same buffers when ``rows`` is increasing (rows leave), else into
-        new buffers of B' rows (same capacity)."""
-        shift = min(self._starts[i] for i in rows_host) if rows_host else 0
-        width = self.width
+        """Keep only ``rows`` [B'] (``rows_host`` the same on the host), in that order: finished
+        sequences stop costing compute.
+
+        Distinct rows (rows leave, in any order) stay in the same buffers: a kept row already at its
+        place is not touched and only the others are copied, gathered first, so any order is safe;
+        ``fill_order`` gives the order that moves the fewest (one row a row that left, where keeping
+        the increasing order moves every row after the first that left).  Repeated rows (a prompt's
+        state copied out to its group's rows) get new buffers (same capacity).  The slots before the
+        earliest kept start are dropped only when that saves at least an eighth of the width, since
+        dropping them moves every row."""
         n = len(rows_host)
-        # rows leaving (a subset, in order) compact into the first n rows of the same buffers: no new
-        # allocation, whose first touch costs more than the copy; a prompt's state copied out to its
-        # group's rows (repeats, or more rows) gets new buffers
-        in_place = all(a < b for a, b in itertools.pairwise(rows_host))
-        in_place = in_place and bool(self.cache.layers) and n <= self.cache.layers[0].keys.shape[0]
-        # in place with no shift, the rows before the first that leaves stay where they are
-        first = next((i for i, r in enumerate(rows_host) if r != i), n) if in_place and not shift else 0
-        moving = rows[first:] if first else rows
+        width = self.width
+        shift = min(self._starts[i] for i in rows_host) if rows_host else 0
+        distinct = len(set(rows_host)) == n
+        in_place = distinct and bool(self.cache.layers) and n <= self.cache.layers[0].keys.shape[0]
+        if in_place and 8 * shift < width:
+            shift = 0  # a few padding slots cost less attention than moving every row
+        # the places whose row changes (every place when slots are dropped or the buffers are new)
+        moves_all = not in_place or shift > 0
+        places = list(range(n)) if moves_all else [i for i, r in enumerate(rows_host) if r != i]
+        if places and len(places) < n:
+            at = torch.tensor(places, device=rows.device)
+            moving = rows.index_select(0, at)
+        else:
+            at, moving = None, rows
         for layer in self.cache.layers:
             for name in ("keys", "values"):
                 t = getattr(layer, name)  # [B, Hkv, C, hd]
+                # rows leaving compact into the first n rows of the same buffers: no new allocation,
+                # whose first touch costs more than the copy
                 new = t[:n] if in_place else t.new_empty(n, t.shape[1], t.shape[2], t.shape[3])
-                if first < n:
-                    live = t[:, :, shift:width].index_select(0, moving)  # [moving, Hkv, width - shift, hd]
-                    new[first:, :, : width - shift] = live
+                if places:
+                    live = t[:, :, shift:width].index_select(0, moving)  # a copy: [moving, Hkv, w, hd]
+                    if at is None:
+                        new[:, :, : width - shift] = live
+                    else:
+                        new[:, :, : width - shift].index_copy_(0, at, live)
                     self._count(live, live)  # gathered, then written into place
                 setattr(layer, name, new)
             layer.width = width - shift
@@ -235,6 +249,17 @@ class RaggedCache:
         self.lengths = self.lengths[rows]
         self._starts = [self._starts[i] - shift for i in rows_host]
         self._ends = [self._ends[i] - shift for i in rows_host]
+
+
+def fill_order(kept: list[int]) -> list[int]:
+    """The order to keep the rows ``kept`` (increasing places among the batch's) that moves the
+    fewest in ``RaggedCache.select``: a kept row in the first ``len(kept)`` places stays there and
+    each place left empty takes a kept row from past them, in order.  ``[0, 1, 3, 5]`` gives
+    ``[0, 1, 5, 3]``: one row moves where the increasing order moves two."""
+    n = len(kept)
+    stay = {r for r in kept if r < n}
+    late = iter(r for r in kept if r >= n)
+    return [i if i in stay else next(late) for i in range(n)]
 
 
 def _flat_slots(slots: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

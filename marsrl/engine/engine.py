@@ -39,7 +39,7 @@ from ..verify import Provenance, sample_plain, verify_chain, verify_tree
 from ..verify.dist import sample_from_weights
 from .adaptive import CostModel, CycleK, FixedK, KPlanner, Lengths, SpeedCheck, context_line
 from .attention import check_attention, target_attention
-from .cache import RaggedCache
+from .cache import RaggedCache, fill_order
 from .config import EngineConfig, SamplingParams
 from .tree import draft_tree
 
@@ -300,13 +300,15 @@ class SpeculativeEngine:
 
         while active:
             if len(active) < len(rows):
-                keep_host = [b for b, _ in active]
+                # the rows that left give their places to rows from the end of the batch: one row's
+                # copy a finish, where keeping the order moved every row after the first that left
+                keep_host = fill_order([b for b, _ in active])
                 keep = self._to_device(torch.tensor(keep_host))
                 tcache.select(keep, keep_host)
                 last = last[keep]
                 if self._eagle is not None:
                     self._eagle.select(keep, keep_host)
-            rows = [r for _, r in active]
+                rows = [rows[b] for b in keep_host]
             context = tcache.width  # slots every row's attention reads this round
             k = None
             if planner is not None:

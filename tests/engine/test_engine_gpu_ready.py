@@ -953,6 +953,66 @@ def test_cache_select_compacts_leaving_rows_in_place(shift):
     assert torch.equal(copied[1], copied[0]) and torch.equal(copied[0], k[keep[0]][:, moved:])
 
 
+def test_fill_order_keeps_rows_in_their_places_and_fills_the_holes_from_the_end():
+    from marsrl.engine.cache import fill_order
+
+    assert fill_order([0, 1, 3, 5]) == [0, 1, 5, 3]
+    assert fill_order([1, 2, 3]) == [3, 1, 2]
+    assert fill_order([0, 1, 2]) == [0, 1, 2]  # the first rows kept: nothing moves
+    assert fill_order([5, 6]) == [5, 6] and fill_order([]) == []
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(200):  # seed 0, 200 random subsets of up to 12 rows
+        total = int(torch.randint(1, 13, (1,), generator=rng))
+        size = int(torch.randint(0, total + 1, (1,), generator=rng))
+        kept = sorted(torch.randperm(total, generator=rng)[:size].tolist())
+        order = fill_order(kept)
+        n = len(kept)
+        assert sorted(order) == kept
+        assert all(order[i] == i for i in range(n) if i in kept)  # a kept row among the first n stays
+        assert sum(order[i] != i for i in range(n)) == sum(r >= n for r in kept)  # one move a hole
+
+
+@pytest.mark.parametrize("case", ["fill", "any_order", "wide_shift"])
+def test_cache_select_in_any_order_moves_only_the_rows_that_change_place(case):
+    """``select`` with distinct rows in any order, against a row-by-row reference: every kept row reads
+    back its own valid slots at its new place, the same buffers are reused, and only the places whose
+    row changed are copied; padding before the earliest kept start is dropped only when it is at least
+    an eighth of the width (then every row moves)."""
+    from marsrl.engine.cache import RaggedCache, fill_order
+
+    bsz, heads, hd, width = 10, 2, 4, 16
+    gen = torch.Generator().manual_seed(1)
+    k = torch.randn(bsz, heads, width, hd, generator=gen)
+    starts = [1, 0, 3, 2, 1, 0, 4, 2, 1, 3]
+    if case == "wide_shift":
+        starts = [2 + s for s in starts]
+        starts[1] = starts[5] = 1  # both leave: the earliest kept start becomes 3 (3 * 8 >= 16)
+    ends = [width - (b % 3) for b in range(bsz)]  # ragged ends too
+    keep_sorted = [0, 2, 3, 4, 6, 7, 9] if case != "wide_shift" else [0, 2, 3, 4, 6, 7, 8, 9]
+    keep = fill_order(keep_sorted) if case != "any_order" else [9, 0, 4, 2, 7, 3, 6]
+    cache = RaggedCache(bsz, torch.device("cpu"), capacity=24)
+    cache.cache.update(k, -k, 0)
+    lengths = [e - s for s, e in zip(starts, ends, strict=True)]
+    cache.set_rows(torch.tensor(starts), torch.tensor(lengths), starts, lengths)
+    buf = cache.cache.layers[0].keys.data_ptr()
+    before = cache.bytes_copied
+    cache.select(torch.tensor(keep), keep)
+    shift = min(starts[b] for b in keep) if case == "wide_shift" else 0
+    layer = cache.cache.layers[0]
+    assert layer.keys.data_ptr() == buf and layer.width == width - shift
+    for i, b in enumerate(keep):  # each place holds its row's valid slots, at the row's shifted start
+        s, e = starts[b] - shift, ends[b] - shift
+        assert cache._starts[i] == s and cache.ends[i] == e
+        assert torch.equal(layer.keys[i, :, s:e], k[b, :, starts[b] : ends[b]])
+        assert torch.equal(layer.values[i, :, s:e], -k[b, :, starts[b] : ends[b]])
+    assert cache.starts.tolist() == cache._starts and (cache.starts + cache.lengths).tolist() == cache.ends
+    moved = len(keep) if shift else sum(b != i for i, b in enumerate(keep))
+    if case == "fill":
+        assert moved == 2  # rows 7 and 9 into the places of 1 and 5, where the increasing order moves 6
+    row_bytes = heads * (width - shift) * hd * k.element_size()
+    assert cache.bytes_copied - before == 2 * 2 * moved * row_bytes  # K and V, gathered + written
+
+
 @pytest.mark.parametrize("in_order", [True, False])
 def test_cache_commit_moves_what_the_row_by_row_reference_moves(in_order):
     """The fast commit (flat index_select / index_copy_ over every layer's K and V) against
