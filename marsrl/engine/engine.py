@@ -901,10 +901,13 @@ class _EagleState:
         if self.tail:  # the run's pairs stay where they are; only the index to the kept rows moves
             self.tail_rows = rows if self.tail_rows is None else self.tail_rows[rows]
         self.cache.select(rows, rows_host)
-        self.feats, self.tokens, self.counts = self.feats[rows], self.tokens[rows], self.counts[rows]
-        self.skipped = self.skipped[rows]
-        self._owned = True  # copies
         self.counts_host = [self.counts_host[i] for i in rows_host]
+        if max(self.counts_host, default=0) > 0:
+            self.feats, self.tokens = self.feats[rows], self.tokens[rows]
+            self._owned = True  # copies
+        else:  # all absorbed (after the prompt pass): nothing to carry, the next pend replaces them
+            self.feats = self.tokens = None
+        self.counts, self.skipped = self.counts[rows], self.skipped[rows]
 
     @property
     def dtype(self):
