@@ -204,7 +204,7 @@ class RaggedCache:
         for layer in self.cache.layers:
             layer.width = min(layer.width, width)
 
-    def select(self, rows: torch.Tensor, rows_host: list[int]) -> None:
+    def select(self, rows: torch.Tensor, rows_host: list[int], at: torch.Tensor | None = None) -> None:
         """Keep only ``rows`` [B'] (``rows_host`` the same on the host), in that order: finished
         sequences stop costing compute.
 
@@ -214,7 +214,10 @@ class RaggedCache:
         the increasing order moves every row after the first that left).  Repeated rows (a prompt's
         state copied out to its group's rows) get new buffers (same capacity).  The slots before the
         earliest kept start are dropped only when that saves at least an eighth of the width, since
-        dropping them moves every row."""
+        dropping them moves every row.
+
+        ``at``: ``moved_places(rows_host)`` on the device already (the engine sends it with ``rows`` in
+        one copy); without it the places are copied to the device here when some rows stay."""
         n = len(rows_host)
         width = self.width
         shift = min(self._starts[i] for i in rows_host) if rows_host else 0
@@ -224,9 +227,9 @@ class RaggedCache:
             shift = 0  # a few padding slots cost less attention than moving every row
         # the places whose row changes (every place when slots are dropped or the buffers are new)
         moves_all = not in_place or shift > 0
-        places = list(range(n)) if moves_all else [i for i, r in enumerate(rows_host) if r != i]
+        places = list(range(n)) if moves_all else moved_places(rows_host)
         if places and len(places) < n:
-            at = torch.tensor(places, device=rows.device)
+            at = at if at is not None else torch.tensor(places, device=rows.device)
             moving = rows.index_select(0, at)
         else:
             at, moving = None, rows
@@ -249,6 +252,11 @@ class RaggedCache:
         self.lengths = self.lengths[rows]
         self._starts = [self._starts[i] - shift for i in rows_host]
         self._ends = [self._ends[i] - shift for i in rows_host]
+
+
+def moved_places(rows_host: list[int]) -> list[int]:
+    """The places whose row changes in an in-place ``select`` of ``rows_host`` (no slots dropped)."""
+    return [i for i, r in enumerate(rows_host) if r != i]
 
 
 def fill_order(kept: list[int]) -> list[int]:

@@ -39,7 +39,7 @@ from ..verify import Provenance, sample_plain, verify_chain, verify_tree
 from ..verify.dist import sample_from_weights
 from .adaptive import CostModel, CycleK, FixedK, KPlanner, Lengths, SpeedCheck, context_line
 from .attention import check_attention, target_attention
-from .cache import RaggedCache, fill_order
+from .cache import RaggedCache, fill_order, moved_places
 from .config import EngineConfig, SamplingParams
 from .tree import draft_tree
 
@@ -303,11 +303,13 @@ class SpeculativeEngine:
                 # the rows that left give their places to rows from the end of the batch: one row's
                 # copy a finish, where keeping the order moved every row after the first that left
                 keep_host = fill_order([b for b, _ in active])
-                keep = self._to_device(torch.tensor(keep_host))
-                tcache.select(keep, keep_host)
+                moved = moved_places(keep_host)  # the places that take another row, for both caches
+                sent = self._to_device(torch.tensor(keep_host + moved))  # one copy for both
+                keep, at = sent.split([len(keep_host), len(moved)])
+                tcache.select(keep, keep_host, at)
                 last = last[keep]
                 if self._eagle is not None:
-                    self._eagle.select(keep, keep_host)
+                    self._eagle.select(keep, keep_host, at)
                 rows = [rows[b] for b in keep_host]
             context = tcache.width  # slots every row's attention reads this round
             k = None
@@ -897,10 +899,10 @@ class _EagleState:
         self.skipped_pairs += sum(max(c - w, 0) for c in self.counts_host)
         self.counts_host = [min(c, w) for c in self.counts_host]
 
-    def select(self, rows, rows_host) -> None:
+    def select(self, rows, rows_host, at=None) -> None:
         if self.tail:  # the run's pairs stay where they are; only the index to the kept rows moves
             self.tail_rows = rows if self.tail_rows is None else self.tail_rows[rows]
-        self.cache.select(rows, rows_host)
+        self.cache.select(rows, rows_host, at)
         self.counts_host = [self.counts_host[i] for i in rows_host]
         if max(self.counts_host, default=0) > 0:
             self.feats, self.tokens = self.feats[rows], self.tokens[rows]

@@ -978,7 +978,7 @@ def test_cache_select_in_any_order_moves_only_the_rows_that_change_place(case):
     back its own valid slots at its new place, the same buffers are reused, and only the places whose
     row changed are copied; padding before the earliest kept start is dropped only when it is at least
     an eighth of the width (then every row moves)."""
-    from marsrl.engine.cache import RaggedCache, fill_order
+    from marsrl.engine.cache import RaggedCache, fill_order, moved_places
 
     bsz, heads, hd, width = 10, 2, 4, 16
     gen = torch.Generator().manual_seed(1)
@@ -996,7 +996,9 @@ def test_cache_select_in_any_order_moves_only_the_rows_that_change_place(case):
     cache.set_rows(torch.tensor(starts), torch.tensor(lengths), starts, lengths)
     buf = cache.cache.layers[0].keys.data_ptr()
     before = cache.bytes_copied
-    cache.select(torch.tensor(keep), keep)
+    # the engine sends the moved places with the rows (one copy); the cache's own are the same
+    at = torch.tensor(moved_places(keep)) if case == "fill" else None
+    cache.select(torch.tensor(keep), keep, at)
     shift = min(starts[b] for b in keep) if case == "wide_shift" else 0
     layer = cache.cache.layers[0]
     assert layer.keys.data_ptr() == buf and layer.width == width - shift
