@@ -136,13 +136,30 @@ class Eagle3Drafter(nn.Module):
         Returns:
             logits [B, T, Vd] float32 over the draft vocabulary, hidden_out [B, T, H] (pre-norm).
         """
+        g = self.step_hidden(input_ids, hidden, position_ids, cache, attention_mask)
+        return self.head(g), g
+
+    def step_hidden(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache=None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``forward`` without the head: hidden_out [B, T, H] (pre-norm), the cache appended as there.
+        For callers that need the logits at a few positions only (``head`` on those): the engine's
+        absorb of a prompt or a plain run reads one position a row of T, and [B, T, Vd] float32 logits
+        are T times the work and, at a real model's 32k draft vocabulary, gigabytes."""
         self._check_step_inputs(input_ids, hidden, position_ids)
         dtype = self.fc.weight.dtype
         emb = self.embed_tokens(input_ids).to(dtype)  # [B, T, H]
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
-        g = self.midlayer(emb, hidden.to(dtype), cos, sin, cache, attention_mask)  # [B, T, H]
-        logits = self.lm_head(self.norm(g)).float()  # [B, T, Vd]
-        return logits, g
+        return self.midlayer(emb, hidden.to(dtype), cos, sin, cache, attention_mask)  # [B, T, H]
+
+    def head(self, g: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits (float32) of hidden_out g [..., H]."""
+        return self.lm_head(self.norm(g)).float()
 
     def _check_step_inputs(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor):
         if input_ids.dim() != 2 or input_ids.dtype.is_floating_point:

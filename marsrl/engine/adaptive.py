@@ -225,11 +225,12 @@ class CostModel:
             return
         k_max = max(self.rounds[grid[0]])
         tables: dict[int, tuple[list[float], list[float]]] = {}  # the model is unchanged until the end
+        fitted = self.fitted(k_max)
         calibrated = {r: (_shaped(self.rounds[r], k_max), self.slot_seconds_upto(r, k_max)) for r in grid}
 
         def at(rows: int) -> tuple[list[float], list[float]]:
             if rows not in tables:
-                tables[rows] = self.tables(rows, k_max)
+                tables[rows] = self.tables(rows, k_max, fitted)
             return tables[rows]
 
         def seconds_of(table: tuple[list[float], list[float]], k: int, width: int) -> float:
@@ -249,15 +250,13 @@ class CostModel:
     def slot_seconds(self, rows: int, k: int) -> float:
         return self.slot_seconds_upto(rows, k)[k]
 
-    def slot_seconds_upto(self, rows: int, k_max: int, levelled: bool = False) -> list[float]:
-        """Seconds one slot of cache width adds to a round of ``rows`` live rows, for k = 0 .. k_max:
-        the calibration's, or with ``levelled`` each measured size's times its level."""
+    def slot_seconds_upto(self, rows: int, k_max: int) -> list[float]:
+        """Seconds one slot of cache width adds to a round of ``rows`` live rows, for k = 0 .. k_max,
+        as the calibration measured them (``tables`` gives them levelled)."""
         grid = sorted(self.per_slot)
         if not grid:
             return [0.0] * (k_max + 1)
-        at = [
-            [(self.level(r) if levelled else 1.0) * t for t in _shaped(self.per_slot[r], k_max)] for r in grid
-        ]
+        at = [_shaped(self.per_slot[r], k_max) for r in grid]
         return [max(_interp(grid, [row[k] for row in at], rows), 0.0) for k in range(k_max + 1)]
 
     def round_seconds(self, rows: int, k: int, width: int = 0) -> float:
@@ -269,15 +268,31 @@ class CostModel:
         base, slot = self.tables(rows, k_max)
         return [max(b + s * width, 1e-9) for b, s in zip(base, slot, strict=True)]
 
-    def tables(self, rows: int, k_max: int) -> tuple[list[float], list[float]]:
+    def fitted(self, k_max: int) -> tuple[list[int], list[list[float]], list[int], list[list[float]]]:
+        """The model's line fits at its measured batch sizes, levelled, for k = 0 .. k_max: (the sizes,
+        each one's seconds a round at an empty cache per k, the sizes with a per-slot figure, each
+        one's seconds a slot per k).  What ``tables`` interpolates between; fixed while the model is
+        (a ``generate`` call), so the planner and ``observe`` fit once a call, not once a live batch
+        size: refitted for each, the tables cost 0.25-0.4 ms, and a 128-row call meets ~100 sizes
+        (15-30 ms of a 4.6 s call on this CPU, ``KPlanner.choose`` and ``observe`` timed apart,
+        2026-12-06)."""
+        grid = sorted(self.rounds)
+        base = [[self.level(r) * t for t in _shaped(self.rounds[r], k_max)] for r in grid]
+        slot_grid = sorted(self.per_slot)
+        slot = [[self.level(r) * t for t in _shaped(self.per_slot[r], k_max)] for r in slot_grid]
+        return grid, base, slot_grid, slot
+
+    def tables(self, rows: int, k_max: int, fitted: tuple | None = None) -> tuple[list[float], list[float]]:
         """For k = 0 .. k_max at ``rows`` live rows, levelled: the seconds of a round at an empty cache
         and the seconds each slot of width adds, so that ``round_seconds(rows, k, width)`` is
-        ``max(base[k] + slot[k] * width, 1e-9)``.  The line fits are the costly part of the model;
-        the planner keeps these per live batch size for its call, over which the model is fixed."""
-        grid = sorted(self.rounds)
-        at = [[self.level(r) * t for t in _shaped(self.rounds[r], k_max)] for r in grid]
+        ``max(base[k] + slot[k] * width, 1e-9)``.  ``fitted``: ``fitted(k_max)`` of this model as it
+        is now (None fits it here); the planner also keeps the tables per live batch size."""
+        grid, at, slot_grid, slot_at = fitted if fitted is not None else self.fitted(k_max)
         base = [_interp(grid, [row[k] for row in at], rows) for k in range(k_max + 1)]
-        return base, self.slot_seconds_upto(rows, k_max, levelled=True)
+        if not slot_grid:
+            return base, [0.0] * (k_max + 1)
+        slot = [max(_interp(slot_grid, [row[k] for row in slot_at], rows), 0.0) for k in range(k_max + 1)]
+        return base, slot
 
     def to_dict(self) -> dict:
         return {
@@ -549,6 +564,7 @@ class KPlanner:
         self.speculative = speculative
         # CostModel.tables per live batch size: the model changes only between calls (``observe``)
         self._tables: dict[int, tuple[list[float], list[float]]] = {}
+        self._fitted: tuple | None = None  # CostModel.fitted, once a call (at the first choice it needs)
         # measured against predicted seconds (``timed``); None: the choice never reads the clock
         self.speed = speed
         self.tie_every, self.tie_most = tie_every, tie_most  # near ties' measuring gap (SpeedCheck.tie_due)
@@ -578,7 +594,9 @@ class KPlanner:
             return self.k_max
         tokens = self.estimates.expected_tokens_upto(self.k_max)
         if rows not in self._tables:
-            self._tables[rows] = self.costs.tables(rows, self.k_max)
+            if self._fitted is None:
+                self._fitted = self.costs.fitted(self.k_max)
+            self._tables[rows] = self.costs.tables(rows, self.k_max, self._fitted)
         base, slot = self._tables[rows]
         # = self.rate(rows, k, width), the seconds as round_seconds_upto(rows, k_max, width) gives them,
         # every k >= 1 times the workload's speculative-against-plain factor where one is measured

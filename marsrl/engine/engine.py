@@ -329,7 +329,7 @@ class SpeculativeEngine:
             self._tick(clock)
             width = drafted if isinstance(drafted, int) else max(drafted)
             totals["k_per_round"].append(width)
-            if planner is not None:
+            if planner is not None and width:  # a plain step drafted nothing: no acceptance to learn
                 per_row = [drafted] * len(rows) if isinstance(drafted, int) else drafted
                 planner.observe(per_row, [n - 1 for n in host["num_emitted"]])
             seconds = time.perf_counter() - round_start
@@ -930,13 +930,14 @@ class _EagleState:
         mask = self.cache.attention_mask(causal.unsqueeze(0) & new_ok.unsqueeze(1), self.dtype)
         pos = self.positions.unsqueeze(1) + torch.arange(width, device=dev)
         start = self.cache.width
-        logits, hidden = self.drafter(
+        hidden = self.drafter.step_hidden(
             tokens, self.drafter.fuse(feats.to(self.dtype)), pos, self.cache.cache, mask
         )
         order = torch.arange(width, device=dev).expand(bsz, width)
         self.cache.commit(start, order, self.counts, self.counts_host, in_order=True)
         rows = torch.arange(bsz, device=dev)
-        h, lg = hidden[rows, self.counts - 1], logits[rows, self.counts - 1]
+        h = hidden[rows, self.counts - 1]
+        lg = self.drafter.head(h)  # the head at each row's last pair only
         self.counts_host = [0] * bsz  # absorbed
         self.plain_steps = 0
         return h, lg

@@ -698,7 +698,8 @@ def test_planner_choice_from_its_kept_tables_is_the_models():
     for _ in range(400):
         rows, width = rng.choice([1, 2, 3, 4, 9, 16, 40]), rng.randint(0, 3000)
         k = kept.choose(rows, width)
-        fresh._tables.clear()  # a planner that recomputes the model's tables every round
+        fresh._tables.clear()  # a planner that refits the model and recomputes its tables every round
+        fresh._fitted = None
         assert k == fresh.choose(rows, width)
         seconds = costs.round_seconds_upto(rows, 5, width)
         assert [max(b + s * width, 1e-9) for b, s in zip(*costs.tables(rows, 5), strict=True)] == seconds
