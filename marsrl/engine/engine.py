@@ -264,16 +264,22 @@ class SpeculativeEngine:
         totals["target_forwards"] += 1
         tcache.set_rows(pad, lens.clone(), pad_host, lens_host)
         logits = self._lm_head(hidden[:, -1])
+        # the first round's k is chosen before the drafter's prompt pass (the same inputs as the loop's
+        # first choice: every row, the prompt's width, nothing owed): a plain first round defers the
+        # pass to the first speculative round, which may never come (strict at 128 rows on this CPU)
+        k_next = planner.choose(bsz, width, 0, 0.0) if planner is not None else None
         if self._eagle is not None:
             # the drafter's input pairs (feature at t, token t+1) within the prompt, left-aligned per row
-            # (pair i of row b comes from slot pad[b] + i), absorbed now, once per distinct prompt; the
-            # last pair (the last prompt feature, the first sampled token) waits for the first round
+            # (pair i of row b comes from slot pad[b] + i), absorbed once per distinct prompt: now, or
+            # at the first speculative round when the first is plain (then for the live prompts only);
+            # the last pair (the last prompt feature, the first sampled token) waits for the first round
             at = (pad.unsqueeze(1) + slots).clamp(max=width - 1)  # [P, L]
             pair_feats = feats.gather(1, at.unsqueeze(-1).expand(-1, -1, feats.shape[-1]))
             pair_tokens = ids.gather(1, (at + 1).clamp(max=width - 1))
             inside = [n - 1 for n in lens_host]
-            self._eagle.start(n_pre, dev, pair_feats, pair_tokens, lens - 1, inside, width + room)
-            if max(inside) > 0:
+            defer = k_next == 0
+            self._eagle.start(n_pre, dev, pair_feats, pair_tokens, lens - 1, inside, width + room, defer)
+            if max(inside) > 0 and not defer:
                 self._eagle.absorb()
             last_feats = feats[:, -1:]  # [P, 1, 3Ht]
         if n_pre < bsz:  # copy each prompt's state to its rows
@@ -312,8 +318,8 @@ class SpeculativeEngine:
                     self._eagle.select(keep, keep_host, at)
                 rows = [rows[b] for b in keep_host]
             context = tcache.width  # slots every row's attention reads this round
-            k = None
-            if planner is not None:
+            k, k_next = k_next, None
+            if planner is not None and k is None:
                 debt = self._eagle.debt if self._eagle is not None else 0
                 made = sum(len(r.tokens) for r in rows) / len(rows) if debt else 0.0
                 k = planner.choose(len(rows), context, debt, made)
@@ -795,11 +801,51 @@ class _EagleState:
         self.tail_rows: torch.Tensor | None = None
         self.skipped_pairs = 0  # pairs left out by the window over the batch (host count)
         self.plain_steps = 0  # plain steps since the drafter last absorbed (each left a pair a row)
+        # the prompt pass not run yet (``start(defer=True)``): the prompts' pairs (feats, tokens, counts,
+        # counts_host, capacity), one row a prompt, and each live row's prompt among them
+        self.deferred: tuple | None = None
+        self.prompt_of: list[int] = []
 
-    def start(self, bsz, dev, feats, tokens, counts, counts_host, capacity: int) -> None:
+    def start(self, bsz, dev, feats, tokens, counts, counts_host, capacity: int, defer: bool = False) -> None:
+        """A batch of ``bsz`` prompts whose pairs (feats [B, P, 3Ht], tokens [B, P], the first counts[b]
+        of each row) are pending.  ``defer``: keep them aside instead, and start every row with an empty
+        cache and nothing pending; the first ``absorb`` runs the prompt pass for the prompts still live
+        (``_prompt_pass``).  Rows may be copied (``select``) before that: the prompts stay one a prompt."""
         self.cache = RaggedCache(bsz, dev, capacity=capacity)
         self.skipped = torch.zeros(bsz, dtype=torch.long, device=dev)
-        self.pend(feats, tokens, counts, counts_host)
+        if not defer:
+            self.pend(feats, tokens, counts, counts_host)
+            return
+        self.deferred = (feats, tokens, counts, list(counts_host), capacity)
+        self.prompt_of = list(range(bsz))
+        self.feats = self.tokens = None
+        self.counts, self.counts_host = torch.zeros_like(counts), [0] * bsz
+
+    def _prompt_pass(self) -> None:
+        """The deferred prompt pass: the drafter absorbs the pairs of the prompts the live rows came
+        from, each prompt once (a GRPO group's rows share one), and every row gets a copy of its
+        prompt's cache, under what it has absorbed since (nothing: this runs before its first absorb).
+        The same numbers as the pass at the prefill, run over fewer prompts when groups have finished."""
+        feats, tokens, counts, counts_host, capacity = self.deferred
+        self.deferred = None
+        live = sorted(set(self.prompt_of))
+        dev = counts.device
+        if len(live) < len(counts_host):
+            pick = torch.tensor(live, device=dev)
+            feats, tokens, counts = feats[pick], tokens[pick], counts[pick]
+            counts_host = [counts_host[p] for p in live]
+        prompts = _EagleState(self.drafter, self.window)
+        prompts.start(len(live), dev, feats, tokens, counts, counts_host, capacity)
+        if max(counts_host) > 0:
+            prompts.absorb()
+        place = {p: i for i, p in enumerate(live)}
+        src_host = [place[p] for p in self.prompt_of]
+        src = torch.tensor(src_host, device=dev)
+        prompts.cache.select(src, src_host)
+        self.cache = prompts.cache
+        self.skipped = self.skipped + prompts.skipped[src]
+        self.skipped_pairs += prompts.skipped_pairs
+        self.prompt_of = []
 
     @property
     def positions(self) -> torch.Tensor:
@@ -841,7 +887,11 @@ class _EagleState:
         """The plain steps' pairs the next speculative round absorbs first, over all rows (a window
         bounds them): what switching to drafting owes."""
         steps = min(self.plain_steps, self.window) if self.window is not None else self.plain_steps
-        return steps * len(self.counts_host)
+        owed = steps * len(self.counts_host)
+        if self.deferred is not None:  # and the prompt pass, once a live prompt
+            pairs, w = self.deferred[3], self.window
+            owed += sum(min(pairs[p], w) if w is not None else pairs[p] for p in set(self.prompt_of))
+        return owed
 
     def _flush(self) -> None:
         """Write the plain steps' pairs (``tail``) after each row's pending pairs, in one go."""
@@ -903,6 +953,8 @@ class _EagleState:
         if self.tail:  # the run's pairs stay where they are; only the index to the kept rows moves
             self.tail_rows = rows if self.tail_rows is None else self.tail_rows[rows]
         self.cache.select(rows, rows_host, at)
+        if self.deferred is not None:
+            self.prompt_of = [self.prompt_of[i] for i in rows_host]
         self.counts_host = [self.counts_host[i] for i in rows_host]
         if max(self.counts_host, default=0) > 0:
             self.feats, self.tokens = self.feats[rows], self.tokens[rows]
@@ -918,6 +970,8 @@ class _EagleState:
     def absorb(self):
         """Run the drafter over the pending committed pairs; returns (hidden [B, H], logits [B, Vd])
         at each row's last pair, i.e. the state that predicts the first draft token."""
+        if self.deferred is not None:
+            self._prompt_pass()
         self._flush()
         if self.window is not None and max(self.counts_host) > self.window:
             self._trim()

@@ -204,6 +204,100 @@ def test_plain_steps_pairs_kept_aside_absorb_right_when_rows_finish_midway(qwen)
     assert st.debt == 0 and st.tail_rows is None  # absorbed
 
 
+@pytest.mark.parametrize("window", [None, 4])
+def test_deferred_prompt_pass_leaves_the_drafter_where_the_prefill_pass_does(qwen, window):
+    """auto's first round plain defers the drafter's prompt pass (``start(defer=True)``) to the first
+    absorb, run then over the prompts whose rows are still live, each once.  Through a group copy, a
+    round's pairs, plain steps and finishing rows (one prompt's whole group among them), the drafter
+    must end where the pass at the prefill leaves it; the deferred pass skips the finished prompt, and
+    ``debt`` owes its pairs until then."""
+    from marsrl.engine.engine import _EagleState
+
+    head = Eagle3Drafter.from_target(qwen)
+    torch.manual_seed(4)
+    width, dev = 3 * qwen.config.hidden_size, torch.device("cpu")
+    n_prompts, group, steps = 3, 2, 5
+    pre_f, pre_t, counts = torch.randn(n_prompts, 6, width), torch.randint(0, 64, (n_prompts, 6)), [6, 3, 4]
+    src = [p for p in range(n_prompts) for _ in range(group)]  # rows 0..5: prompt 0, 0, 1, 1, 2, 2
+    first_f, first_t = torch.randn(6, 1, width), torch.randint(0, 64, (6, 1))
+    plain_f, plain_t = torch.randn(6, steps, width), torch.randint(0, 64, (6, steps))
+    finish = {1: [0, 5, 4, 1], 3: [0, 4, 5]}  # prompt 1's rows (2, 3) go first, in the engine's fill order
+    outs, batches = [], []
+    for defer in (False, True):
+        seen: list[int] = []
+        st = _EagleState(head, window)
+        st.start(n_prompts, dev, pre_f, pre_t, torch.tensor(counts), counts, 64, defer)
+        if not defer:
+            st.absorb()
+        st.select(torch.tensor(src), src)
+        st.pend(first_f, first_t, torch.ones(6, dtype=torch.long), [1] * 6)
+        rows = list(range(6))
+        for j in range(steps):
+            if j in finish:
+                at = [rows.index(b) for b in finish[j]]
+                st.select(torch.tensor(at), at)
+                rows = finish[j]
+            st.pend_plain(plain_f[rows, j : j + 1], plain_t[rows, j : j + 1])
+        if defer:  # the plain pairs a row, and the live prompts' pairs (0 and 2), once each
+            w = window or 99
+            assert st.debt == min(steps, w) * 3 + min(counts[0], w) + min(counts[2], w)
+        real = head.step_hidden
+
+        def counted(ids, *a, real=real, seen=seen, **kw):
+            seen.append(ids.shape[0])
+            return real(ids, *a, **kw)
+
+        head.step_hidden = counted
+        try:
+            h, lg = st.absorb()
+        finally:
+            del head.step_hidden
+        batches.append(seen)
+        outs.append((h, lg, st.positions.clone(), st.cache.lengths.clone(), st.skipped_pairs))
+        assert st.debt == 0 and st.deferred is None
+    assert batches == [[3], [2, 3]]  # the deferred pass: the two live prompts, then the three rows
+    assert torch.equal(outs[0][2], outs[1][2]) and torch.equal(outs[0][3], outs[1][3])
+    assert outs[0][4] == outs[1][4]  # the window's skipped pairs (prompt 1 has none to skip)
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-5)
+
+
+def test_auto_deferred_prompt_pass_drafts_as_the_prefill_pass_does(qwen, monkeypatch):
+    """A call whose first round is plain defers the drafter's prompt pass: the same k plan (plain runs
+    and speculative ones, ``CycleK``) with the pass forced at the prefill must give the same tokens,
+    behaviour log-probs and acceptance, greedy and sampled, over groups of 3 rows a prompt."""
+    from marsrl.engine import engine as engine_module
+    from marsrl.engine.adaptive import CycleK
+
+    head = Eagle3Drafter.from_target(qwen)
+    eng = SpeculativeEngine(qwen, head, EngineConfig(num_draft_tokens="auto", max_draft_tokens=3))
+    start = engine_module._EagleState.start
+    deferred = []
+
+    def run(temperature: float, force: bool):
+        def spy(self, *a):
+            if len(a) < 8:  # the deferred pass's own state, over the live prompts
+                return start(self, *a)
+            deferred.append(a[-1])
+            if not force:
+                return start(self, *a)
+            start(self, *a[:7])  # the pass at the prefill, as a first speculative round runs it
+            if max(self.counts_host) > 0:
+                self.absorb()
+
+        monkeypatch.setattr(engine_module._EagleState, "start", spy)
+        sp = SamplingParams(temperature=temperature, max_new_tokens=60, n=3, seed=3, ignore_eos=True)
+        out = eng._generate(PROMPTS, sp, CycleK([0, 2, 3], cycles=4, repeat=3))
+        return [t.completion_ids for t in out], [t.behavior_logprobs for t in out], eng._totals["accepted"]
+
+    for temperature in (0.0, 1.0):
+        a, b = run(temperature, force=False), run(temperature, force=True)
+        assert a[0] == b[0] and a[2] == b[2] > 0
+        for xs, ys in zip(a[1], b[1], strict=True):
+            assert xs == pytest.approx(ys, abs=1e-5)
+    assert deferred == [True] * 4  # every call's first round was plain
+
+
 def test_window_keeps_the_last_pairs_at_their_true_positions(qwen):
     """A run of plain steps leaves more pending pairs than ``drafter_window``: the drafter absorbs each
     row's last ``window`` of them, at the positions they have in the sequence.  Reference: a state
