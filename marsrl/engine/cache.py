@@ -12,6 +12,15 @@ batch) fills the places of the rows that left with rows from the end of the batc
 the same buffers, so a finish costs one row's copy and not the rows after it; the slots before the
 earliest row start are dropped when that saves an eighth of the width.
 
+Every slot attention reads must hold a finite number, masked or not: 0 x NaN is NaN in the softmax's
+weighted sum, and buffers are allocated uninitialised.  Appends keep that by construction (a forward
+writes every row's slots up to the new width); a plain step written ``at_ends`` does not (rows ending
+short of the axis leave their slot at it unwritten), so the first one on a set of buffers zeroes the
+slots past the width once (``_RaggedLayer.finite``), a cost only calls that decode ragged rows pay.
+
+A plain step over rows whose ends differ (after speculative rounds) writes each row's entry at its own
+end (``at_ends``, ``ends_mask``, ``commit_in_place``) instead of appending and moving it.
+
 Host-side mirrors: ``width`` and the per-row ends (``starts + lengths``) are kept on the host as well, so
 no method here reads a device tensor back (on a GPU that would be a sync per call).
 
@@ -23,6 +32,8 @@ Deliberately left out: paging, sliding windows, CUDA graphs.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -39,6 +50,9 @@ class _RaggedLayer(CacheLayerMixin):
         super().__init__()
         self.owner = owner
         self.width = 0  # live slots [0, width)
+        # every slot of the buffers holds a finite number: slots [0, width) always do (every one was
+        # written), the rest once ``at_ends`` zeroed them; False again whenever the buffers are new
+        self.finite = False
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         bsz, heads, _, hd = key_states.shape
@@ -46,6 +60,7 @@ class _RaggedLayer(CacheLayerMixin):
         self.device = key_states.device
         self.keys = key_states.new_empty(bsz, heads, cap, hd)
         self.values = value_states.new_empty(bsz, value_states.shape[1], cap, value_states.shape[3])
+        self.finite = False
         self.is_initialized = True
 
     def _grow(self, need: int) -> None:
@@ -56,17 +71,30 @@ class _RaggedLayer(CacheLayerMixin):
             new[:, :, : self.width] = old[:, :, : self.width]
             self.owner._count(new[:, :, : self.width])
             setattr(self, name, new)
+        self.finite = False
 
     def update(self, key_states, value_states, *args, **kwargs):
-        """Append [B, Hkv, T, hd] in place; returns views of slots [0, width + T)."""
+        """Append [B, Hkv, T, hd] in place; returns views of slots [0, width + T).  Inside
+        ``RaggedCache.at_ends`` (T = 1) each row's entry goes to its own end slot instead."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         t = key_states.shape[2]
         end = self.width + t
         if end > self.keys.shape[2]:
             self._grow(end)
-        self.keys[:, :, self.width : end] = key_states
-        self.values[:, :, self.width : end] = value_states
+        if self.owner._at_ends is not None:
+            if t != 1:
+                raise ValueError(f"RaggedCache.at_ends writes one entry a row, got a block of {t}")
+            if not self.finite:  # a row's slots past its end are read (masked) from now on
+                self.keys[:, :, self.width :].zero_()
+                self.values[:, :, self.width :].zero_()
+                self.finite = True
+            for buf, new in ((self.keys, key_states), (self.values, value_states)):
+                flat = self.owner._end_slots(buf)
+                buf.view(-1, buf.shape[3]).index_copy_(0, flat, new.reshape(-1, new.shape[3]))
+        else:
+            self.keys[:, :, self.width : end] = key_states
+            self.values[:, :, self.width : end] = value_states
         self.owner._count(key_states, value_states)
         self.width = end
         return self.keys[:, :, :end], self.values[:, :, :end]
@@ -108,6 +136,7 @@ class RaggedCache:
         self._starts = [0] * batch  # host mirror of starts
         self._ends = [0] * batch  # host mirror of starts + lengths
         self.bytes_copied = 0
+        self._at_ends: dict | None = None  # inside ``at_ends``: flat end slots per buffer shape
 
     def _count(self, *tensors: torch.Tensor) -> None:
         self.bytes_copied += sum(t.numel() * t.element_size() for t in tensors)
@@ -161,6 +190,46 @@ class RaggedCache:
         allowed = allowed | (slots >= self.width)  # [B, width + extra]
         zero = torch.zeros((), dtype=dtype, device=self.lengths.device)
         return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None, None, :]
+
+    def aligned(self) -> bool:
+        """Every row's valid region ends at the shared axis's end (host mirrors): an appended entry
+        then sits right after its row's region and a plain step's commit moves nothing."""
+        width = self.width
+        return all(e == width for e in self._ends)
+
+    def ends_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """Additive mask [B, 1, 1, width + 1] for one query a row written at its row's own end
+        (``at_ends``): each row sees its valid slots and the slot right after them, its new entry."""
+        slots = torch.arange(self.width + 1, device=self.lengths.device)
+        ends = (self.starts + self.lengths).unsqueeze(1)
+        allowed = (slots >= self.starts.unsqueeze(1)) & (slots <= ends)
+        zero = torch.zeros((), dtype=dtype, device=self.lengths.device)
+        return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None, None, :]
+
+    @contextlib.contextmanager
+    def at_ends(self):
+        """Within: a forward of one query a row writes each row's K/V entry at that row's end slot
+        (``starts + lengths``), not at the shared axis's end, so a plain step over rows of unequal ends
+        (after speculative rounds) needs no commit move: ``commit_in_place`` follows.  The axis still
+        grows by one slot (the longest rows' entries land there).  Use with ``ends_mask``."""
+        self._at_ends = {}
+        try:
+            yield
+        finally:
+            self._at_ends = None
+
+    def _end_slots(self, t: torch.Tensor) -> torch.Tensor:
+        """Flat indices of every row's end slot in buffer ``t`` (``_flat_slots``), one per shape."""
+        key = tuple(t.shape[:3])
+        if key not in self._at_ends:
+            self._at_ends[key] = _flat_slots((self.starts + self.lengths).unsqueeze(1), t)
+        return self._at_ends[key]
+
+    def commit_in_place(self, counts: torch.Tensor, counts_host: list[int]) -> None:
+        """After a forward ``at_ends``: each row keeps its entry (counts all 1), already in place."""
+        self.lengths = self.lengths + counts
+        self._ends = [e + c for e, c in zip(self._ends, counts_host, strict=True)]
+        self.crop(max(self._ends) if self._ends else 0)
 
     def commit(
         self,
@@ -247,6 +316,7 @@ class RaggedCache:
                         new[:, :, : width - shift].index_copy_(0, at, live)
                     self._count(live, live)  # gathered, then written into place
                 setattr(layer, name, new)
+            layer.finite = layer.finite and in_place  # new buffers hold uninitialised memory past width
             layer.width = width - shift
         self.starts = self.starts[rows] - shift
         self.lengths = self.lengths[rows]

@@ -1068,11 +1068,13 @@ def test_fill_order_keeps_rows_in_their_places_and_fills_the_holes_from_the_end(
 
 
 @pytest.mark.parametrize("case", ["fill", "any_order", "wide_shift"])
-def test_cache_select_in_any_order_moves_only_the_rows_that_change_place(case):
+def test_cache_select_in_any_order_moves_only_the_rows_that_change_place(case, monkeypatch):
     """``select`` with distinct rows in any order, against a row-by-row reference: every kept row reads
     back its own valid slots at its new place, the same buffers are reused, and only the places whose
     row changed are copied; padding before the earliest kept start is dropped only when it is at least
-    an eighth of the width (then every row moves)."""
+    an eighth of the width (then every row moves).  The moved places given (``at``, as the engine
+    sends them) are used as given: no index tensor is made (on a GPU, a host -> device copy)."""
+    from marsrl.engine import cache as cache_module
     from marsrl.engine.cache import RaggedCache, fill_order, moved_places
 
     bsz, heads, hd, width = 10, 2, 4, 16
@@ -1093,7 +1095,19 @@ def test_cache_select_in_any_order_moves_only_the_rows_that_change_place(case):
     before = cache.bytes_copied
     # the engine sends the moved places with the rows (one copy); the cache's own are the same
     at = torch.tensor(moved_places(keep)) if case == "fill" else None
-    cache.select(torch.tensor(keep), keep, at)
+    rows = torch.tensor(keep)
+    made = []
+    real_tensor = torch.tensor
+
+    def spy(*a, **kw):
+        made.append(a[0])
+        return real_tensor(*a, **kw)
+
+    monkeypatch.setattr(cache_module.torch, "tensor", spy)
+    cache.select(rows, keep, at)
+    monkeypatch.undo()
+    # the places are made here only when the caller sent none and some rows, not all, move
+    assert made == ([moved_places(keep)] if case == "any_order" else [])
     shift = min(starts[b] for b in keep) if case == "wide_shift" else 0
     layer = cache.cache.layers[0]
     assert layer.keys.data_ptr() == buf and layer.width == width - shift
@@ -1152,6 +1166,168 @@ def test_cache_commit_moves_what_the_row_by_row_reference_moves(in_order):
                     assert torch.equal(got[b, :, :kept], ref[b, :, :kept]), (seed, name, b)
         assert cache.ends == (ends + counts).tolist()
         assert cache.width == int((ends + counts).max())
+
+
+def test_cache_step_written_at_each_rows_end_equals_the_appended_and_moved_step():
+    """``at_ends`` + ``commit_in_place`` against the append + ``commit`` path: ragged rows (left
+    padding, rows ending short of the axis, the axis wider than every end after a select), one entry a
+    row; each row's valid slots equal, ends and axis equal, and ``ends_mask`` lets each row see exactly
+    its valid slots and its new entry.  Seeds 0-19."""
+    from marsrl.engine.cache import RaggedCache
+
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        bsz, heads, hd, width, layers = 5, 2, 3, 9, 3
+        starts = torch.randint(0, 3, (bsz,), generator=g)
+        ends = torch.randint(5, width + 1, (bsz,), generator=g)
+        if seed % 2 == 0:  # some row reaches the axis's end; odd seeds: none does (a select took it)
+            ends[int(torch.randint(0, bsz, (1,), generator=g))] = width
+        first = [torch.randn(bsz, heads, width, hd, generator=g) for _ in range(layers)]
+        step = [torch.randn(bsz, heads, 1, hd, generator=g) for _ in range(layers)]
+        caches = []
+        for in_place in (False, True):
+            cache = RaggedCache(bsz, torch.device("cpu"), capacity=width + 2)
+            for layer, k in enumerate(first):
+                cache.cache.update(k, -k, layer)
+            cache.set_rows(starts, ends - starts, starts.tolist(), (ends - starts).tolist())
+            assert not cache.aligned()
+            ones = torch.ones(bsz, dtype=torch.long)
+            if in_place:
+                mask = cache.ends_mask(torch.float32)
+                with cache.at_ends():
+                    for layer, k in enumerate(step):
+                        cache.cache.update(k, 2 * k, layer)
+                cache.commit_in_place(ones, [1] * bsz)
+            else:
+                for layer, k in enumerate(step):
+                    cache.cache.update(k, 2 * k, layer)
+                cache.commit(width, torch.zeros(bsz, 1, dtype=torch.long), ones, [1] * bsz, in_order=True)
+            caches.append(cache)
+        moved, placed = caches
+        assert placed.ends == moved.ends == (ends + 1).tolist() and placed.width == moved.width
+        for a, b in zip(moved.cache.layers, placed.cache.layers, strict=True):
+            for b_ in range(bsz):
+                live = slice(int(starts[b_]), int(ends[b_]) + 1)
+                assert torch.equal(a.keys[b_, :, live], b.keys[b_, :, live]), (seed, b_)
+                assert torch.equal(a.values[b_, :, live], b.values[b_, :, live]), (seed, b_)
+        seen = mask[:, 0, 0] == 0  # [B, width + 1]
+        for b_ in range(bsz):
+            want = [int(starts[b_]) <= s <= int(ends[b_]) for s in range(width + 1)]
+            assert seen[b_].tolist() == want, (seed, b_)
+
+
+def test_cache_steps_at_ends_read_only_finite_slots_through_new_buffers(monkeypatch):
+    """A step written ``at_ends`` leaves the slot at the axis unwritten for rows ending short of it, and
+    attention reads it (masked): every slot a forward reads must be finite.  With ``new_empty``
+    poisoned with NaN, every slot in ``[0, width)`` stays finite over steps at ends, a select that
+    copies rows into new buffers (repeated rows), and a buffer grown past its capacity."""
+    from marsrl.engine.cache import RaggedCache
+
+    real_new_empty = torch.Tensor.new_empty
+    monkeypatch.setattr(
+        torch.Tensor, "new_empty", lambda self, *a, **kw: real_new_empty(self, *a, **kw).fill_(float("nan"))
+    )
+    g = torch.Generator().manual_seed(0)
+    bsz, heads, hd, width, layers = 4, 2, 3, 6, 2
+    cache = RaggedCache(bsz, torch.device("cpu"), capacity=width + 3)
+    for layer in range(layers):
+        cache.cache.update(
+            torch.randn(bsz, heads, width, hd, generator=g), torch.randn(bsz, heads, width, hd), layer
+        )
+    ends = torch.tensor([6, 4, 5, 3])
+    cache.set_rows(torch.zeros(bsz, dtype=torch.long), ends, [0] * bsz, ends.tolist())
+
+    def step():
+        n = len(cache.ends)
+        with cache.at_ends():
+            for layer in range(layers):
+                k = torch.randn(n, heads, 1, hd, generator=g)
+                cache.cache.update(k, k, layer)
+        cache.commit_in_place(torch.ones(n, dtype=torch.long), [1] * n)
+        for layer in cache.cache.layers:
+            assert torch.isfinite(layer.keys[:, :, : layer.width + 1]).all()
+            assert torch.isfinite(layer.values[:, :, : layer.width + 1]).all()
+
+    for _ in range(2):
+        step()
+    rows = [0, 0, 1, 2, 3, 3]  # repeated rows: new buffers
+    cache.select(torch.tensor(rows), rows)
+    for _ in range(6):  # the capacity (9) runs out: the buffers grow
+        step()
+    assert cache.cache.layers[0].keys.shape[2] > width + 3
+
+
+def test_plain_steps_over_ragged_rows_written_at_their_ends_match_the_moved_path(qwen, monkeypatch):
+    """Auto mode's plain steps after speculative rounds (rows' ends differ) write each row's entry at
+    its end instead of appending and moving it: the same plan (``CycleK``: plain runs between chains)
+    gives the same tokens and acceptance, and behaviour and target log-probs within 1e-5, greedy and
+    sampled, rows finishing at different rounds.  ``new_empty`` is poisoned with NaN throughout: the
+    in-place step reads masked slots no forward wrote, which must hold finite numbers (the buffers are
+    allocated zeroed)."""
+    from marsrl.engine.adaptive import CycleK
+    from marsrl.engine.cache import RaggedCache
+
+    real_new_empty = torch.Tensor.new_empty
+
+    def poisoned(self, *a, **kw):
+        out = real_new_empty(self, *a, **kw)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
+    in_place = []
+    real_mask = RaggedCache.ends_mask
+
+    def spy(self, dtype):
+        in_place.append(len(self.ends))
+        return real_mask(self, dtype)
+
+    monkeypatch.setattr(RaggedCache, "ends_mask", spy)
+
+    class NoisyGreedy:
+        """Drafts the target's greedy continuation with each token replaced by a random one with
+        probability 0.3, seeded by the sequence (the two paths see the same drafts): rows accept
+        different numbers of drafts, greedy and sampled, so their ends differ."""
+
+        def propose(self, sequences, k):
+            out = []
+            for seq in sequences:
+                ids = torch.tensor([seq])
+                greedy = qwen.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=False,
+                    max_new_tokens=k,
+                    min_new_tokens=k,
+                    pad_token_id=0,
+                )[0, len(seq) :]
+                g = torch.Generator().manual_seed(hash(tuple(seq)) % 2**31)
+                noise = torch.randint(0, 64, (k,), generator=g)
+                out.append(torch.where(torch.rand(k, generator=g) < 0.3, noise, greedy))
+            return torch.stack(out)
+
+    eng = SpeculativeEngine(qwen, NoisyGreedy(), EngineConfig(num_draft_tokens="auto", max_draft_tokens=3))
+
+    def run(temperature: float, at_ends: bool):
+        monkeypatch.setattr(SpeculativeEngine, "plain_at_ends", at_ends)
+        sp = SamplingParams(temperature=temperature, max_new_tokens=40, n=3, seed=5, ignore_eos=True)
+        out = eng._generate(PROMPTS, sp, CycleK([3, 0], cycles=30, repeat=2))
+        return out, eng._totals["accepted"]
+
+    ragged = {}
+    for temperature in (0.0, 1.0):
+        in_place.clear()
+        moved, acc_moved = run(temperature, False)
+        assert in_place == []
+        placed, acc_placed = run(temperature, True)
+        ragged[temperature] = list(in_place)
+        assert acc_placed == acc_moved > 0
+        for a, b in zip(placed, moved, strict=True):
+            assert a.completion_ids == b.completion_ids
+            assert a.behavior_logprobs == pytest.approx(b.behavior_logprobs, abs=1e-5)
+            assert a.target_logprobs == pytest.approx(b.target_logprobs, abs=1e-5)
+    print(ragged)
+    for steps in ragged.values():
+        assert len(steps) >= 10 and min(steps) < 12  # ragged plain steps ran, also after rows finished
 
 
 def test_speed_check_is_measured_over_predicted_per_kind_and_size():
