@@ -274,17 +274,15 @@ class SpeculativeEngine:
         k_next = planner.choose(bsz, width, 0, 0.0) if planner is not None else None
         if self._eagle is not None:
             # the drafter's input pairs (feature at t, token t+1) within the prompt, left-aligned per row
-            # (pair i of row b comes from slot pad[b] + i), absorbed once per distinct prompt: now, or
-            # at the first speculative round when the first is plain (then for the live prompts only);
-            # the last pair (the last prompt feature, the first sampled token) waits for the first round
+            # (pair i of row b comes from slot pad[b] + i), set aside one a distinct prompt and absorbed
+            # by the prompt pass (below, or at the first speculative round when the first is plain, then
+            # for the live prompts only); the last pair (the last prompt feature, the first sampled
+            # token) waits for the first round
             at = (pad.unsqueeze(1) + slots).clamp(max=width - 1)  # [P, L]
             pair_feats = feats.gather(1, at.unsqueeze(-1).expand(-1, -1, feats.shape[-1]))
             pair_tokens = ids.gather(1, (at + 1).clamp(max=width - 1))
             inside = [n - 1 for n in lens_host]
-            defer = k_next == 0
-            self._eagle.start(n_pre, dev, pair_feats, pair_tokens, lens - 1, inside, width + room, defer)
-            if max(inside) > 0 and not defer:
-                self._eagle.absorb()
+            self._eagle.start(n_pre, dev, pair_feats, pair_tokens, lens - 1, inside, width + room, defer=True)
             last_feats = feats[:, -1:]  # [P, 1, 3Ht]
         if n_pre < bsz:  # copy each prompt's state to its rows
             src = self._to_device(torch.tensor(src_host))
@@ -304,6 +302,8 @@ class SpeculativeEngine:
         if self._eagle is not None:
             ones = torch.ones(bsz, dtype=torch.long, device=dev)
             self._eagle.pend(last_feats, last.unsqueeze(1), ones, [1] * bsz)
+            if k_next != 0:  # the first round drafts: the prompt pass now, not timed as part of it
+                self._eagle.prompt_pass()
         host = self._fetch_plain(first)
         self._tick(clock)
         active = self._record(rows, host, sampling, eos, totals, drafted=None)
@@ -824,7 +824,7 @@ class _EagleState:
         """A batch of ``bsz`` prompts whose pairs (feats [B, P, 3Ht], tokens [B, P], the first counts[b]
         of each row) are pending.  ``defer``: keep them aside instead, and start every row with an empty
         cache and nothing pending; the first ``absorb`` runs the prompt pass for the prompts still live
-        (``_prompt_pass``).  Rows may be copied (``select``) before that: the prompts stay one a prompt."""
+        (``prompt_pass``).  Rows may be copied (``select``) before that: the prompts stay one a prompt."""
         self.cache = RaggedCache(bsz, dev, capacity=capacity)
         self.skipped = torch.zeros(bsz, dtype=torch.long, device=dev)
         if not defer:
@@ -835,11 +835,14 @@ class _EagleState:
         self.feats = self.tokens = None
         self.counts, self.counts_host = torch.zeros_like(counts), [0] * bsz
 
-    def _prompt_pass(self) -> None:
-        """The deferred prompt pass: the drafter absorbs the pairs of the prompts the live rows came
-        from, each prompt once (a GRPO group's rows share one), and every row gets a copy of its
-        prompt's cache, under what it has absorbed since (nothing: this runs before its first absorb).
-        The same numbers as the pass at the prefill, run over fewer prompts when groups have finished."""
+    def prompt_pass(self) -> None:
+        """The prompt pass set aside by ``start(defer=True)``: the drafter absorbs the pairs of the
+        prompts the live rows came from, each prompt once (a GRPO group's rows share one), and every row
+        gets a copy of its prompt's cache, under what it has absorbed since (nothing: this runs before
+        its first absorb).  The engine runs it at the prefill when the first round drafts, else the
+        first ``absorb`` does, over fewer prompts when groups have finished by then."""
+        if self.deferred is None:
+            return
         feats, tokens, counts, counts_host, capacity = self.deferred
         self.deferred = None
         live = sorted(set(self.prompt_of))
@@ -854,10 +857,13 @@ class _EagleState:
             prompts.absorb()
         place = {p: i for i, p in enumerate(live)}
         src_host = [place[p] for p in self.prompt_of]
-        src = torch.tensor(src_host, device=dev)
-        prompts.cache.select(src, src_host)
+        skipped = prompts.skipped
+        if src_host != list(range(len(live))):  # rows share a prompt, or some have finished
+            src = torch.tensor(src_host, device=dev)
+            prompts.cache.select(src, src_host)
+            skipped = skipped[src]
         self.cache = prompts.cache
-        self.skipped = self.skipped + prompts.skipped[src]
+        self.skipped = self.skipped + skipped
         self.skipped_pairs += prompts.skipped_pairs
         self.prompt_of = []
 
@@ -984,8 +990,7 @@ class _EagleState:
     def absorb(self):
         """Run the drafter over the pending committed pairs; returns (hidden [B, H], logits [B, Vd])
         at each row's last pair, i.e. the state that predicts the first draft token."""
-        if self.deferred is not None:
-            self._prompt_pass()
+        self.prompt_pass()
         self._flush()
         if self.window is not None and max(self.counts_host) > self.window:
             self._trim()

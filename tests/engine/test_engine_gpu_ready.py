@@ -269,25 +269,22 @@ def test_auto_deferred_prompt_pass_drafts_as_the_prefill_pass_does(qwen, monkeyp
     from marsrl.engine import engine as engine_module
     from marsrl.engine.adaptive import CycleK
 
+    torch.manual_seed(3)  # the head's random init: one that drafts accepted tokens, greedy and sampled
     head = Eagle3Drafter.from_target(qwen)
     eng = SpeculativeEngine(qwen, head, EngineConfig(num_draft_tokens="auto", max_draft_tokens=3))
     start = engine_module._EagleState.start
     deferred = []
 
     def run(temperature: float, force: bool):
-        def spy(self, *a):
-            if len(a) < 8:  # the deferred pass's own state, over the live prompts
-                return start(self, *a)
-            deferred.append(a[-1])
-            if not force:
-                return start(self, *a)
-            start(self, *a[:7])  # the pass at the prefill, as a first speculative round runs it
-            if max(self.counts_host) > 0:
-                self.absorb()
+        def spy(self, *a, defer=False):
+            start(self, *a, defer=defer)
+            if force and defer:  # the pass at once, before the group copy, as the prefill ran it
+                self.prompt_pass()
 
         monkeypatch.setattr(engine_module._EagleState, "start", spy)
         sp = SamplingParams(temperature=temperature, max_new_tokens=60, n=3, seed=3, ignore_eos=True)
         out = eng._generate(PROMPTS, sp, CycleK([0, 2, 3], cycles=4, repeat=3))
+        deferred.append(eng._totals["k_per_round"][0] == 0)
         return [t.completion_ids for t in out], [t.behavior_logprobs for t in out], eng._totals["accepted"]
 
     for temperature in (0.0, 1.0):
@@ -296,6 +293,23 @@ def test_auto_deferred_prompt_pass_drafts_as_the_prefill_pass_does(qwen, monkeyp
         for xs, ys in zip(a[1], b[1], strict=True):
             assert xs == pytest.approx(ys, abs=1e-5)
     assert deferred == [True] * 4  # every call's first round was plain
+    # a first round that drafts finds the pass done at the prefill, outside its timed seconds
+    monkeypatch.undo()
+    pending = []
+    real_round = SpeculativeEngine._round
+
+    def watched(self, *a, **kw):
+        pending.append(self._eagle.deferred is not None)
+        return real_round(self, *a, **kw)
+
+    monkeypatch.setattr(SpeculativeEngine, "_round", watched)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8, n=3, seed=3)
+    eng._generate(PROMPTS, sp, CycleK([2, 0], cycles=2))
+    assert pending and not any(pending)
+    chain = SpeculativeEngine(qwen, head, EngineConfig(num_draft_tokens=2))
+    pending.clear()
+    chain.generate(PROMPTS, sp)
+    assert pending and not any(pending)
 
 
 def test_window_keeps_the_last_pairs_at_their_true_positions(qwen):
