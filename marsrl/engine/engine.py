@@ -369,8 +369,8 @@ class SpeculativeEngine:
             mask = None
             # rows ending short of the shared axis (after speculative rounds) write their entry at their
             # own end (``RaggedCache.at_ends``): appended at the axis's end it needs a commit move, about
-            # 1 ms of a 32 ms 128-row step on this CPU, of which the in-place write costs back a third;
-            # ``plain_at_ends`` False keeps the append (the tests' reference)
+            # 1 ms of a 32 ms 64-row step on this CPU, of which the in-place write costs back a third to
+            # a half; ``plain_at_ends`` False keeps the append (the tests' reference)
             in_place = self.plain_at_ends and not tcache.aligned()
             if in_place:
                 mask = tcache.ends_mask(self._dtype)

@@ -1304,16 +1304,8 @@ def test_plain_steps_over_ragged_rows_written_at_their_ends_match_the_moved_path
 
         def propose(self, sequences, k):
             out = []
-            for seq in sequences:
-                ids = torch.tensor([seq])
-                greedy = qwen.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    do_sample=False,
-                    max_new_tokens=k,
-                    min_new_tokens=k,
-                    pad_token_id=0,
-                )[0, len(seq) :]
+            for seq, greedy in zip(sequences, hf_greedy(qwen, sequences, k), strict=True):
+                greedy = torch.tensor(greedy)
                 g = torch.Generator().manual_seed(hash(tuple(seq)) % 2**31)
                 noise = torch.randint(0, 64, (k,), generator=g)
                 out.append(torch.where(torch.rand(k, generator=g) < 0.3, noise, greedy))
