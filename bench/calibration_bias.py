@@ -43,12 +43,12 @@ class _Fixed:
     def __init__(self, k: int, rounds: int):
         self.k, self.left = k, rounds
 
-    def choose(self, rows: int, width: int = 0, debt: int = 0, made: float = 0.0) -> int:
+    def choose(self, rows: int, width: int = 0, debt: int = 0, made: float = 0.0, **rows_named) -> int:
         self.left -= 1
         self.exhausted = self.left <= 0
         return self.k
 
-    def observe(self, drafted, accepted) -> None:
+    def observe(self, drafted, accepted, keys=None) -> None:
         pass
 
     def timed(self, seconds: float) -> None:

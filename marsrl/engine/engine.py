@@ -54,6 +54,7 @@ class _Row:
         self.record: dict[str, list] = {k: [] for k in _RECORD_FIELDS}
         self.rounds = self.drafted = self.accepted = self.relaxed = 0
         self.finish: str | None = None
+        self.serial = 0  # the row's place in its call (``_generate``)
 
 
 _RECORD_FIELDS = PER_TOKEN_FIELDS
@@ -198,6 +199,8 @@ class SpeculativeEngine:
         eos = self._eos_ids(sampling)
         gen = torch.Generator(device=self.device).manual_seed(sampling.seed)
         rows = [_Row(i, p) for i, p in enumerate(prompts) for _ in range(sampling.n)]
+        for serial, row in enumerate(rows):
+            row.serial = serial  # the planner's name for the row (``RowAcceptance``)
         totals = dict(
             target_forwards=0,
             draft_forwards=0,
@@ -326,7 +329,10 @@ class SpeculativeEngine:
             if planner is not None and k is None:
                 debt = self._eagle.debt if self._eagle is not None else 0
                 made = sum(len(r.tokens) for r in rows) / len(rows) if debt else 0.0
-                k = planner.choose(len(rows), context, debt, made)
+                # each live row by name and the tokens it may still make, for the live rows' acceptance
+                keys = [r.serial for r in rows]
+                left = [sampling.max_new_tokens - len(r.tokens) for r in rows]
+                k = planner.choose(len(rows), context, debt, made, keys=keys, left=left)
             round_start = time.perf_counter()
             res, drafted, n_forwards, host = self._round(rows, last, tcache, sampling, gen, k)
             totals["target_forwards"] += 1
@@ -341,7 +347,7 @@ class SpeculativeEngine:
             totals["k_per_round"].append(width)
             if planner is not None and width:  # a plain step drafted nothing: no acceptance to learn
                 per_row = [drafted] * len(rows) if isinstance(drafted, int) else drafted
-                planner.observe(per_row, [n - 1 for n in host["num_emitted"]])
+                planner.observe(per_row, [n - 1 for n in host["num_emitted"]], keys=[r.serial for r in rows])
             seconds = time.perf_counter() - round_start
             totals["trace"].append([round_start - self._t0, len(rows), width, seconds, context])
             if planner is not None:
