@@ -659,9 +659,9 @@ class KPlanner:
         self._debt, self._owed, self._ahead = 0, 0.0, 0.0
         self._times: list[float] = []  # this round's predicted seconds per k, the factor applied
         self.held = 0
-        # each live row's own acceptance this call (``RowAcceptance``), where the engine names its rows
-        # (``choose``'s and ``observe``'s ``keys``); None: the call's pooled estimates for every row
-        self.rows = RowAcceptance(k_max, row_prior) if row_prior is not None else None
+        # the acceptance of the rows still live this call (``RowAcceptance``), where the engine names its
+        # rows (``choose``'s and ``observe``'s ``keys``); None: the call's pooled estimates at every round
+        self.live_rows = RowAcceptance(k_max, row_prior) if row_prior is not None else None
 
     def rate(self, rows: int, k: int, width: int = 0) -> float:
         """Expected tokens per second of a round with k drafts for ``rows`` live rows over a cache
@@ -681,15 +681,15 @@ class KPlanner:
         plain-step pairs the drafter has not absorbed yet, over all rows (any k >= 1 absorbs them first);
         ``made``: the live rows' mean tokens so far (with ``debt``, for the tokens they still make).
         ``keys``: the live rows' names within the call (as ``observe`` got them) and ``left`` the
-        tokens each may still make: the expected tokens are then the rows' own (``RowAcceptance``);
-        without them, the call's pooled estimates."""
+        tokens each may still make: the expected tokens are then those of the live rows
+        (``RowAcceptance``); without them, the call's pooled estimates."""
         self._debt = debt
         if self.first:  # nothing observed yet: learn the acceptance of every position once
             self.first = False
             return self.k_max
-        if keys is not None and self.rows is not None:
+        if keys is not None and self.live_rows is not None:
             left = left if left is not None else [self.k_max + 1] * len(keys)
-            tokens = self.rows.expected_tokens_upto(self.estimates.rates(), keys, left)
+            tokens = self.live_rows.expected_tokens_upto(self.estimates.rates(), keys, left)
         else:
             tokens = self.estimates.expected_tokens_upto(self.k_max)
         if rows not in self._tables:
@@ -789,14 +789,14 @@ class KPlanner:
 
     def observe(self, drafted: list[int], accepted: list[int], keys: list[int] | None = None) -> None:
         """One round's outcome per live row: drafts verified and the first ones kept; ``keys``: the
-        rows' names within the call, for their own estimates (``RowAcceptance``)."""
+        rows' names within the call, for the live rows' estimates (``RowAcceptance``)."""
         for d, a in zip(drafted, accepted, strict=True):
             if d:
                 self.estimates.update(d, a)
-        if keys is not None and self.rows is not None:
+        if keys is not None and self.live_rows is not None:
             for key, d, a in zip(keys, drafted, accepted, strict=True):
                 if d:
-                    self.rows.update(key, d, a)
+                    self.live_rows.update(key, d, a)
 
     def timed(self, seconds: float) -> None:
         """The wall seconds of the round last chosen (the engine calls this after every round)."""

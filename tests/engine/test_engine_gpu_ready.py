@@ -1740,15 +1740,16 @@ def test_live_rows_acceptance_equals_its_reference_and_follows_the_live_rows():
     good, bad = list(range(8)), list(range(8, 16))
     for _ in range(10):  # every row drafts K each round: the good ones keep all, the bad ones none
         planner.observe([k_max] * 16, [k_max] * 8 + [0] * 8, keys=good + bad)
-    pooled = planner.rows.expected_tokens_upto(planner.estimates.rates(), good + bad, [100] * 16)
-    high = planner.rows.expected_tokens_upto(planner.estimates.rates(), good, [100] * 8)
-    low = planner.rows.expected_tokens_upto(planner.estimates.rates(), bad, [100] * 8)
+    pooled = planner.live_rows.expected_tokens_upto(planner.estimates.rates(), good + bad, [100] * 16)
+    high = planner.live_rows.expected_tokens_upto(planner.estimates.rates(), good, [100] * 8)
+    low = planner.live_rows.expected_tokens_upto(planner.estimates.rates(), bad, [100] * 8)
     assert high[k_max] > k_max + 0.9 and low[k_max] < 1.1
     assert low[1] < pooled[1] < high[1]
     assert planner.choose(8, keys=good, left=[100] * 8) == k_max
     assert planner.choose(8, keys=bad, left=[100] * 8) == 0
     assert planner.choose(16) == planner.choose(16, keys=good + bad, left=[100] * 16)  # every row live
-    assert planner.rows.expected_tokens_upto(planner.estimates.rates(), good, [1] * 8) == [1.0] * (k_max + 1)
+    one_left = planner.live_rows.expected_tokens_upto(planner.estimates.rates(), good, [1] * 8)
+    assert one_left == [1.0] * (k_max + 1)
 
 
 def test_engine_names_its_live_rows_to_the_planner(qwen):
