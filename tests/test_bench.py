@@ -704,6 +704,36 @@ def test_plain_steps_bench_on_micro(micro_world):
         bench.main([*args, "--max-draft-tokens", "3", "--part", "fixed", "--ks", "0", "4"])
 
 
+def test_live_rows_bench_on_micro(micro_world):
+    """bench/live_rows.py on the micro world: both auto engines (the live rows' acceptance and the
+    call's pooled estimates) and the fixed ones run every timed call; each drafting round of an auto
+    engine is paired with what the planner expected of it; the engine's planner class and the default
+    ``row_prior`` are as they were after it."""
+    import marsrl.engine.engine as engine_module
+    from marsrl.engine import SpeculativeEngine
+    from marsrl.engine.adaptive import KPlanner
+
+    bench = _load_bench("live_rows")
+    args = ["--world", str(micro_world), "--preset", "micro", "--batch", "8", "--calls", "2", "--warmup", "1"]
+    out = bench.main([*args, "--new-tokens", "6", "--ks", "0", "2"])
+    assert set(out["tokens_per_s"]) == {"live", "pooled", "k0", "k2"}
+    assert out["live_vs_pooled"]["n"] == 2 and set(out["vs_fixed"]) == {
+        "live/k0",
+        "live/k2",
+        "pooled/k0",
+        "pooled/k2",
+    }
+    for name in ("live", "pooled"):
+        drafting = sum(n for k, n in out["k_per_round"][name].items() if k != "0")
+        planned = [v for key, v in out["kept_over_expected"].items() if key.startswith(f"{name}:")]
+        # every drafting round, each paired with its choice (a call's first is planned at the prefill)
+        assert planned and sum(v["rounds"] for v in planned) <= drafting
+        assert all(v["expected"] >= 1 and v["kept"] >= 1 for v in planned)
+    assert engine_module.KPlanner is KPlanner and SpeculativeEngine.row_prior == 4.0
+    with pytest.raises(SystemExit):
+        bench.main([*args, "--batch", "12"])  # not a multiple of --group 8
+
+
 def test_every_bench_script_runs_main_after_all_its_definitions():
     """Run as a script, a bench executes its ``if __name__ == "__main__"`` block where it stands: a
     function defined below it does not exist yet when main() calls it (bench/plain_steps.py's part

@@ -352,11 +352,10 @@ class AcceptanceEstimates:
         return any(self.reached)
 
     def rate(self, j: int) -> float:
-        pooled = (sum(self.accepted) + 1) / (sum(self.reached) + 2)
-        return (self.accepted[j] + self.pool * pooled) / (self.reached[j] + self.pool)
+        return self.rates()[j]
 
     def rates(self) -> list[float]:
-        """``rate(j)`` for every position, with the pooled rate computed once."""
+        """Each position's rate, its counts shrunk toward the pooled rate of all positions."""
         pooled = (sum(self.accepted) + 1) / (sum(self.reached) + 2)
         pairs = zip(self.accepted, self.reached, strict=True)
         return [(a + self.pool * pooled) / (r + self.pool) for a, r in pairs]
@@ -366,10 +365,9 @@ class AcceptanceEstimates:
 
     def expected_tokens_upto(self, k_max: int) -> list[float]:
         """``expected_tokens(k)`` for k = 0 .. k_max in one pass."""
-        pooled = (sum(self.accepted) + 1) / (sum(self.reached) + 2)
         out, total, run = [1.0], 1.0, 1.0
-        for j in range(k_max):
-            run *= (self.accepted[j] + self.pool * pooled) / (self.reached[j] + self.pool)
+        for a in self.rates()[:k_max]:
+            run *= a
             total += run
             out.append(total)
         return out
@@ -382,47 +380,49 @@ class RowAcceptance:
     it may still make.
 
     Why: acceptance differs from row to row (a prompt, a completion that loops), and the rows still
-    live late in a call are not a sample of the call's rows: they are its long ones.  Measured (default
-    world, B = 128, mars, 8 calls after 2 warm-up, 2026-12-06, throwaway ``/tmp/w/pred.py``): under
-    the call's rates the k = 7 rounds auto drafted under 8 live rows expected 5.15 tokens a row and
-    kept 2.30 drafts-plus-one (0.45 of it), at 8-31 rows 0.76-0.88 of it, and the planner drafted
-    5-7 there where the fixed k = 3 and k = 4 engines made more tokens a second.  With the live rows'
-    rates every k there kept 0.96-1.21 of what it expected.
+    live late in a call are not a sample of the call's rows: they are its long ones.  Measured with
+    ``python bench/live_rows.py`` (default world, B = 128, mars, 16 calls, 2026-12-06 on an AVX-512
+    machine; ``kept_over_expected``: drafts kept plus one a row over what the planner expected): on
+    the call's pooled estimates the k = 7 rounds under 8 live rows kept 0.79 of it (5.20 expected, 4.10
+    kept) and k = 6 0.87, and at 8-31 rows 0.88-0.96; on the live rows' rates the rounds under 32 rows
+    kept 0.81-1.34 (1.04-1.13 for the k's drafted most).  An earlier reading of the same comparison
+    that day (a throwaway script, auto alone, 8 calls) had the k = 7 rounds under 8 rows keep 0.45 of
+    what the pooled estimates expected.
 
     Why the live rows' counts pooled, not each row's own chain averaged (tried first): a row's few
     rounds make its per-position rates noisy and correlated (one lucky round raises every position it
     reached), and a mean of products of such estimates runs high: at 128 live rows the planner drafted
     k = 5 about twice as often as before, and side by side it read 0.974 [0.953, 0.996] and 0.987
     [0.959, 1.013] of the pooled estimates.  Pooled over the live rows, the rates are those of the live
-    population and the product is that population's chain; at a call's start (every row live) they are
-    the call's own.  Side by side with the call's pooled estimates (throwaway A/B, one calibration
-    copied to both, 2026-12-06): mars 1.036 [1.001, 1.071] at B = 128 and 0.995 [0.971, 1.020] at
-    B = 32, strict 0.987 [0.948, 1.023] at B = 128: tokens a second move by less than this machine
-    resolves but at mars B = 128; the predictions it plans on are right where they were not."""
+    population and the product is that population's chain.  At a call's start (nothing counted yet)
+    they are the call's own rates; later, every row still live, they weigh the call's own rounds above
+    those carried from the engine's earlier calls (which count only through the ``prior``).  Side by
+    side with the call's pooled estimates (one calibration copied to both, 2026-12-06, this session's
+    AVX-512 machine; throwaway runs before ``bench/live_rows.py`` was written): mars 1.036 [1.001, 1.071]
+    at B = 128 (``bench/live_rows.py`` after: 1.015 [0.981, 1.055]) and 0.995
+    [0.971, 1.020] at B = 32, strict 0.987 [0.948, 1.023] at B = 128: tokens a second move by less than
+    this machine resolves (one mars B = 128 run excepted, and its rerun did not repeat it); what changed
+    for sure is that the planner's predictions under 32 live rows are now about right."""
 
     def __init__(self, k_max: int, prior: float = 4.0):
         self.k_max, self.prior = k_max, prior
-        self.counts: dict[int, tuple[list[float], list[float]]] = {}  # key -> (accepted, reached)
+        self.counts: dict[int, AcceptanceEstimates] = {}  # each row's counts, by its key
 
     def update(self, key: int, drafted: int, accepted: int) -> None:
         if key not in self.counts:
-            self.counts[key] = ([0.0] * self.k_max, [0.0] * self.k_max)
-        acc, reached = self.counts[key]
-        for j in range(min(accepted + 1, drafted)):  # as AcceptanceEstimates.update
-            reached[j] += 1
-            if j < accepted:
-                acc[j] += 1
+            self.counts[key] = AcceptanceEstimates(self.k_max)
+        self.counts[key].update(drafted, accepted)
 
     def rates(self, pooled: list[float], keys: list[int]) -> list[float]:
         """Per position: the live rows' (``keys``) accepted over reached, with ``prior``
         pseudo-observations at ``pooled`` (the call's rate there, ``AcceptanceEstimates.rates``)."""
         acc, reached = [0.0] * self.k_max, [0.0] * self.k_max
         for key in keys:
-            counts = self.counts.get(key)
-            if counts is not None:
+            row = self.counts.get(key)
+            if row is not None:
                 for j in range(self.k_max):
-                    acc[j] += counts[0][j]
-                    reached[j] += counts[1][j]
+                    acc[j] += row.accepted[j]
+                    reached[j] += row.reached[j]
         prior = self.prior
         return [(a + prior * p) / (r + prior) for a, r, p in zip(acc, reached, pooled, strict=True)]
 

@@ -101,6 +101,9 @@ class SpeculativeEngine:
     # plain steps over rows of unequal ends write in place (``RaggedCache.at_ends``); False: append and
     # move, the reference path the tests compare against
     plain_at_ends = True
+    # "auto": the planner's shrinkage of the live rows' acceptance toward the call's (``RowAcceptance``);
+    # None plans every round on the call's pooled estimates (bench/live_rows.py sets it side by side)
+    row_prior: float | None = 4.0
 
     def __init__(self, target, drafter=None, config: EngineConfig | None = None, cost_model=None):
         self.target = target.eval()
@@ -179,6 +182,7 @@ class SpeculativeEngine:
                 speed=speed,
                 probe=self._probe if carry else None,
                 lengths=Lengths(self._lengths, sampling.max_new_tokens) if carry and self._lengths else None,
+                row_prior=self.row_prior,
             )
         out = self._generate(prompts, sampling, planner)
         if planner is not None and self.config.adapt_costs:
