@@ -65,7 +65,9 @@ class EngineConfig:
     tree: TreeConfig | None = None  # None: chain drafting; else a dynamic tree
     draft_sampling: Literal["greedy", "sample"] = "greedy"  # EAGLE proposes its argmax; "sample": x ~ q
     max_batch_size: int = 64  # sequences decoded together; larger requests run in successive batches
-    max_seq_len: int | None = None  # prompt + completion cap; None: the target's max_position_embeddings
+    # prompt + completion cap, reached exactly at any K (rows near it verify fewer drafts); None: the
+    # target's max_position_embeddings
+    max_seq_len: int | None = None
     # bf16 / fp16 targets: compute the verify positions' logits with float32 output (a bf16 GEMM output
     # rounds z2/z1 by up to ~1e-2 and makes exact ties, right where the margin rule decides)
     fp32_logits: bool = True

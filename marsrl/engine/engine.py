@@ -10,7 +10,8 @@ One round for every active sequence (all advance together, each by its own accep
     commit    the accepted entries of both KV caches (RaggedCache); the closing token becomes ``last``
 
 ``drafter=None`` is plain autoregressive sampling through the same code (one token per forward); it is
-the reference path. Finished sequences (EOS, a stop id, max_new_tokens) leave the batch at once.
+the reference path. Finished sequences (EOS, a stop id, max_new_tokens, the context's end ``max_seq_len``,
+which a speculative row reaches exactly, as a plain one does) leave the batch at once.
 
 GPU habits: both KV caches are preallocated ragged buffers written in place (cache.py); the target's
 chain / tree forwards attend without repeating KV heads (attention.py); a round reads the device back
@@ -329,6 +330,7 @@ class SpeculativeEngine:
                     self._eagle.select(keep, keep_host, at)
                 rows = [rows[b] for b in keep_host]
             context = tcache.width  # slots every row's attention reads this round
+            room = self._room(rows)
             k, k_next = k_next, None
             if planner is not None and k is None:
                 debt = self._eagle.debt if self._eagle is not None else 0
@@ -336,9 +338,11 @@ class SpeculativeEngine:
                 # each live row by name and the tokens it may still make, for the live rows' acceptance
                 keys = [r.serial for r in rows]
                 left = [sampling.max_new_tokens - len(r.tokens) for r in rows]
+                if room is not None:
+                    left = [min(n, m) for n, m in zip(left, room, strict=True)]
                 k = planner.choose(len(rows), context, debt, made, keys=keys, left=left)
             round_start = time.perf_counter()
-            res, drafted, n_forwards, host = self._round(rows, last, tcache, sampling, gen, k)
+            res, drafted, n_forwards, host = self._round(rows, last, tcache, sampling, gen, k, room)
             totals["target_forwards"] += 1
             totals["draft_forwards"] += n_forwards
             last = res.tokens.gather(1, (res.num_emitted - 1).unsqueeze(1)).squeeze(1)
@@ -364,14 +368,37 @@ class SpeculativeEngine:
             totals["drafter_pairs_skipped"] += self._eagle.skipped_pairs
             self._eagle.clear()  # nothing of the batch stays on the device after it
 
-    def _round(self, rows, last, tcache: RaggedCache, sampling: SamplingParams, gen, k: int | None):
+    def _room(self, rows) -> list[int] | None:
+        """The tokens each live row may still make within ``max_seq_len``, where some row has less room
+        than a round may emit (else None: no row near the context's end, nothing to cap)."""
+        if self.max_seq_len is None or self.drafter is None:
+            return None
+        room = [self.max_seq_len - len(r.prompt) - len(r.tokens) for r in rows]
+        return room if min(room) < self._round_width() else None
+
+    def _round(
+        self, rows, last, tcache: RaggedCache, sampling: SamplingParams, gen, k: int | None, room=None
+    ):
         """One draft + verify round: (VerifyResult-like, drafted per row, draft forwards, host record).
 
-        k: the chain length the planner chose (auto mode; 0 = a plain step), else None."""
+        k: the chain length the planner chose (auto mode; 0 = a plain step), else None.  room: the tokens
+        each row may still make within ``max_seq_len`` (``_room``; None: every row has a round's room).
+        A row near the context's end verifies only the drafts it can keep (``num_drafts``), so it stops
+        at ``max_seq_len`` exactly, as plain decoding does, and no kept token sits past it; a tree that
+        does not fit every row takes a plain step."""
         dev = self.device
         cfg = self.config
         bsz = len(rows)
         kw = dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, generator=gen)
+        caps = None  # the most drafts each row may keep, where the context's end cuts some row's chain
+        if room is not None and self.drafter is not None and k != 0:
+            if cfg.tree is not None:
+                k = 0 if min(room) < cfg.tree.depth + 1 else k
+            else:
+                # a chain longer than any row can keep drafts columns nobody verifies: shorten it
+                k = min(k if k is not None else cfg.num_draft_tokens, max(room) - 1)
+                if min(room) - 1 < k:
+                    caps = [n - 1 for n in room]
         if self.drafter is None or k == 0:  # a plain step: one token per target forward
             block = last.unsqueeze(1)
             # rows without padding or gaps (one prompt, or a group sharing it, decoded plainly) need no
@@ -423,6 +450,12 @@ class SpeculativeEngine:
         self._tick(clock)
         block = torch.cat([last.unsqueeze(1), drafts], 1)  # [B, K+1]
         pos = tcache.lengths.unsqueeze(1) + torch.arange(k + 1, device=dev)
+        if caps is not None:  # rows near the context's end verify only the drafts they can keep
+            cap = self._to_device(torch.tensor(caps)).clamp(max=k)
+            n_drafts = cap if n_drafts is None else torch.minimum(n_drafts, cap)
+            # their columns past it are nobody's: held at the context's last position, so no position
+            # past max_seq_len reaches the target (a dynamic RoPE would rescale the whole forward)
+            pos = pos.clamp(max=self.max_seq_len - 1)
         causal = torch.ones(k + 1, k + 1, dtype=torch.bool, device=dev).tril().unsqueeze(0)
         mask = tcache.attention_mask(causal, self._dtype)
         start = tcache.width
@@ -743,12 +776,10 @@ class SpeculativeEngine:
                     row.finish = "stop"
                 elif len(row.tokens) >= sampling.max_new_tokens:
                     row.finish = "length"
+                elif self.max_seq_len is not None and len(row.prompt) + len(row.tokens) >= self.max_seq_len:
+                    row.finish = "length"  # the context is full (``_round`` never emits past it)
                 if row.finish:
                     break
-            if row.finish is None and self.max_seq_len is not None:
-                room = self._round_width()
-                if len(row.prompt) + len(row.tokens) + room > self.max_seq_len:
-                    row.finish = "length"
             if row.finish is None:
                 active.append((b, row))
         return active

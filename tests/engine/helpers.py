@@ -40,9 +40,11 @@ def exact_joint(target) -> torch.Tensor:
     return logp.gather(2, seqs[:, len(PROMPT) :, None])[..., 0].sum(1).exp()
 
 
-def sample_index(engine) -> torch.Tensor:
-    """N sampled completions of PROMPT (T = 1, seed 21), each encoded as its index in ``exact_joint``."""
-    out = engine.generate([PROMPT], SamplingParams(temperature=1.0, max_new_tokens=NEW, n=N, seed=21))
+def sample_index(engine, max_new_tokens: int = NEW) -> torch.Tensor:
+    """N sampled completions of PROMPT (T = 1, seed 21), each encoded as its index in ``exact_joint``
+    (``max_new_tokens`` past NEW: the engine's ``max_seq_len`` must end them at NEW)."""
+    sp = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, n=N, seed=21)
+    out = engine.generate([PROMPT], sp)
     comp = torch.tensor([t.completion_ids for t in out])
     assert comp.shape == (N, NEW)
     return comp[:, 0] * V * V + comp[:, 1] * V + comp[:, 2]

@@ -6,7 +6,9 @@ import torch
 
 from marsrl.drafter import Eagle3Drafter
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, TreeConfig
-from tests.engine.helpers import PROMPTS, exact_joint, hf_greedy, sample_index
+from marsrl.engine.adaptive import CostModel
+from marsrl.testing import tiny_causal_lm
+from tests.engine.helpers import NEW, PROMPT, PROMPTS, exact_joint, hf_greedy, sample_index
 from tests.stats import assert_distribution
 
 CONFIGS = {
@@ -53,6 +55,62 @@ def test_strict_sampling_matches_exact_joint(small, name):
     if cfg.draft_confidence > 0:  # chains really were cut short, yet the completions are exact
         per_round = eng.stats["drafted"] / eng.stats["rounds"]
         assert 1 < per_round < cfg.num_draft_tokens - 0.5, per_round
+
+
+AUTO = EngineConfig(num_draft_tokens="auto", max_draft_tokens=5, adapt_costs=False)
+FLAT = CostModel(rounds={1: dict.fromkeys(range(6), 1.0)})  # every k costs a plain step: the planner drafts
+
+
+@pytest.mark.parametrize("name", [*CONFIGS, "auto", "plain"])
+def test_greedy_ends_at_max_seq_len_exactly(target, name):
+    """Prompts of 5, 3, 7 and 1 tokens under max_seq_len = 16 (max_new_tokens 24): every row runs into the
+    context's end mid-chain, at its own round, and must stop there exactly with HF's greedy tokens, as
+    plain decoding does (a K = 5 chain used to stop up to 6 tokens short, a 4x5 tree 7; a tree that no
+    longer fits every row takes plain steps)."""
+    cfg = AUTO if name == "auto" else CONFIGS.get(name)
+    head = None if name == "plain" else Eagle3Drafter.from_target(target)
+    cfg = EngineConfig(**{**(cfg or EngineConfig()).__dict__, "max_seq_len": 16})
+    eng = SpeculativeEngine(target, head, cfg, cost_model=FLAT if name == "auto" else None)
+    out = eng.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=24))
+    want = [ids[: 16 - len(p)] for p, ids in zip(PROMPTS, hf_greedy(target, PROMPTS, 15), strict=True)]
+    assert [t.completion_ids for t in out] == want
+    assert all(t.finish_reason == "length" and len(t.behavior_logprobs) == len(t.completion_ids) for t in out)
+    if head is not None:
+        assert eng.stats["draft_forwards"] > 0
+        if cfg.tree is None:  # chains were cut to the room left: rounds of fewer drafts than K
+            assert min(eng.stats["k_per_round"]) < 5 or name == "chain_k1"
+
+
+def test_no_position_past_the_context_reaches_the_target():
+    """A dynamic-RoPE target rescales every position of a forward that holds one past its
+    max_position_embeddings (16 here; 4e-4 on a logit of this model): the lockstep columns of a row cut
+    at the context's end must not carry one.  Each token's recorded target log-prob equals the
+    teacher-forced one of the whole sequence, whose positions all lie within the context."""
+    target = tiny_causal_lm("llama", max_positions=16, rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    eng = SpeculativeEngine(target, Eagle3Drafter.from_target(target), CONFIGS["chain_k5"])
+    assert eng.max_seq_len == 16
+    out = eng.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=24, seed=2))
+    worst = 0.0
+    for p, t in zip(PROMPTS, out, strict=True):
+        assert len(p) + len(t.completion_ids) == 16
+        seq = torch.tensor([p + t.completion_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(target(seq).logits[0, len(p) - 1 : -1].double(), -1)
+        want = logp.gather(1, seq[0, len(p) :, None])[:, 0]
+        worst = max(worst, (want - torch.tensor(t.target_logprobs, dtype=torch.float64)).abs().max().item())
+    assert worst < 2e-5, worst
+
+
+@pytest.mark.parametrize("name", ["chain_k5", "auto"])
+def test_strict_sampling_is_exact_at_the_context_end(small, name):
+    """N = 60k completions (seed 21) that only ``max_seq_len`` = prompt + 3 ends (max_new_tokens 10):
+    rows cut to 1 then 0 drafts, their other columns drafted in lockstep, against the enumerated joint."""
+    cfg = AUTO if name == "auto" else CONFIGS[name]
+    cfg = EngineConfig(**{**cfg.__dict__, "max_batch_size": 60_000, "max_seq_len": len(PROMPT) + NEW})
+    torch.manual_seed(0)
+    eng = SpeculativeEngine(small, Eagle3Drafter.from_target(small), cfg, cost_model=FLAT)
+    assert_distribution(sample_index(eng, max_new_tokens=10), exact_joint(small), name)
+    assert eng.stats["accepted"] > 1000
 
 
 @pytest.mark.parametrize("name", ["chain_k5", "tree_4x5"])
