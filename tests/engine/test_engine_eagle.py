@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from marsrl.drafter import Eagle3Drafter
-from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, TreeConfig
+from marsrl.engine import EngineConfig, OracleDrafter, SamplingParams, SpeculativeEngine, TreeConfig
 from marsrl.engine.adaptive import CostModel
 from marsrl.testing import tiny_causal_lm
 from tests.engine.helpers import NEW, PROMPT, PROMPTS, exact_joint, hf_greedy, sample_index
@@ -61,22 +61,24 @@ AUTO = EngineConfig(num_draft_tokens="auto", max_draft_tokens=5, adapt_costs=Fal
 FLAT = CostModel(rounds={1: dict.fromkeys(range(6), 1.0)})  # every k costs a plain step: the planner drafts
 
 
-@pytest.mark.parametrize("name", [*CONFIGS, "auto", "plain"])
+@pytest.mark.parametrize("name", [*CONFIGS, "auto", "plain", "oracle"])
 def test_greedy_ends_at_max_seq_len_exactly(target, name):
     """Prompts of 5, 3, 7 and 1 tokens under max_seq_len = 16 (max_new_tokens 24): every row runs into the
     context's end mid-chain, at its own round, and must stop there exactly with HF's greedy tokens, as
     plain decoding does (a K = 5 chain used to stop up to 6 tokens short, a 4x5 tree 7; a tree that no
     longer fits every row takes plain steps)."""
-    cfg = AUTO if name == "auto" else CONFIGS.get(name)
+    cfg = AUTO if name == "auto" else CONFIGS.get(name, CONFIGS["chain_k5"])
     head = None if name == "plain" else Eagle3Drafter.from_target(target)
-    cfg = EngineConfig(**{**(cfg or EngineConfig()).__dict__, "max_seq_len": 16})
+    if name == "oracle":  # a propose() drafter whose drafts are all kept: only the context's end cuts them
+        head = OracleDrafter.from_target(target, PROMPTS, 15)
+    cfg = EngineConfig(**{**(cfg if head is not None else EngineConfig()).__dict__, "max_seq_len": 16})
     eng = SpeculativeEngine(target, head, cfg, cost_model=FLAT if name == "auto" else None)
     out = eng.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=24))
     want = [ids[: 16 - len(p)] for p, ids in zip(PROMPTS, hf_greedy(target, PROMPTS, 15), strict=True)]
     assert [t.completion_ids for t in out] == want
     assert all(t.finish_reason == "length" and len(t.behavior_logprobs) == len(t.completion_ids) for t in out)
     if head is not None:
-        assert eng.stats["draft_forwards"] > 0
+        assert eng.stats["drafted"] > 0
         if cfg.tree is None:  # chains were cut to the room left: rounds of fewer drafts than K
             assert min(eng.stats["k_per_round"]) < 5 or name == "chain_k1"
 
