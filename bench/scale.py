@@ -48,6 +48,9 @@ pass).  "noise_floor" is the A/A control: a second, identical plain engine (``pl
 plain, whose true ratio is 1, in the sweep and in the head-to-head (``noise_floor``).  "cost_model" is
 the adaptive mode's model as calibrated and after every auto call's rounds were folded in.
 
+A default run took 21 min on a 2-core AVX-512 machine (2026-12-06 evening, twice) and 37-45 min with a
+shorter head-to-head on the slower 2-core machines before it.
+
 Prints one JSON object on stdout; progress goes to stderr.  Reuses the world cached under
 ``$MARSRL_CACHE`` (``~/.cache/marsrl``) and builds it only when it is missing.
 """
@@ -298,7 +301,7 @@ def main(argv=None) -> dict:
         default=262144,
         help="where --confirm-calls is not given, B x new tokens x calls reaches this (the default gives 48 "
         "calls at B = 1, 8 and 32 and 16 at B = 128 with 128 new tokens: at 65536, 16 and 8, the mars auto "
-        "bars' intervals at B = 32 and 128 spanned 0.93-1.03 in the full runs of 2026-12-06)",
+        "bars' intervals at B = 32 and 128 spanned 0.92-1.03 in the full runs of 2026-12-06)",
     )
     ap.add_argument(
         "--confirm-margin",

@@ -48,14 +48,14 @@ from .tree import draft_tree
 class _Row:
     """Host-side bookkeeping of one sequence."""
 
-    def __init__(self, index: int, prompt: list[int]):
+    def __init__(self, index: int, prompt: list[int], serial: int = 0):
         self.index = index
         self.prompt = prompt
+        self.serial = serial  # the row's place in its call: the planner's name for it (``RowAcceptance``)
         self.tokens: list[int] = []
         self.record: dict[str, list] = {k: [] for k in _RECORD_FIELDS}
         self.rounds = self.drafted = self.accepted = self.relaxed = 0
         self.finish: str | None = None
-        self.serial = 0  # the row's place in its call (``_generate``)
 
 
 _RECORD_FIELDS = PER_TOKEN_FIELDS
@@ -203,9 +203,7 @@ class SpeculativeEngine:
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams, planner) -> list[Trajectory]:
         eos = self._eos_ids(sampling)
         gen = torch.Generator(device=self.device).manual_seed(sampling.seed)
-        rows = [_Row(i, p) for i, p in enumerate(prompts) for _ in range(sampling.n)]
-        for serial, row in enumerate(rows):
-            row.serial = serial  # the planner's name for the row (``RowAcceptance``)
+        rows = [_Row(i, p, i * sampling.n + j) for i, p in enumerate(prompts) for j in range(sampling.n)]
         totals = dict(
             target_forwards=0,
             draft_forwards=0,
@@ -391,7 +389,7 @@ class SpeculativeEngine:
         bsz = len(rows)
         kw = dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, generator=gen)
         caps = None  # the most drafts each row may keep, where the context's end cuts some row's chain
-        if room is not None and self.drafter is not None and k != 0:
+        if room is not None and k != 0:  # (``_room`` is None without a drafter)
             if cfg.tree is not None:
                 k = 0 if min(room) < cfg.tree.depth + 1 else k
             else:
