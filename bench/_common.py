@@ -46,24 +46,40 @@ def ratio_of_sums(
     seed: the ratio of their tokens/s over all the calls (sum of tokens over sum of seconds, each side)
     and a ``level`` bootstrap interval (the calls resampled as pairs with replacement, ``resamples``
     times, from ``random.Random(seed)``; percentile bounds).  A long call weighs by its length, as in the
-    figure itself, and a slow spell that hit both calls of a pair stays paired.  None without pairs."""
-    pairs = [(a, b) for a, b in zip(num, den, strict=True) if a[1] > 0 and b[1] > 0]
-    if not pairs:
+    figure itself, and a slow spell that hit both calls of a pair stays paired.  None without pairs.
+    (One run of ``pooled_ratio_of_sums``.)"""
+    return pooled_ratio_of_sums([list(zip(num, den, strict=True))], resamples, seed, level)
+
+
+def pooled_ratio_of_sums(
+    strata: list[list[tuple[tuple[float, float], tuple[float, float]]]],
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.9,
+) -> dict | None:
+    """``ratio_of_sums`` over several runs' paired calls at once: ``strata`` holds one list of
+    ``((tokens, seconds), (tokens, seconds))`` pairs per run.  The figure is the ratio of tokens/s over
+    every pair of every run; the bootstrap resamples each run's pairs within that run, so a run's pace
+    (another machine, another hour) stays in its own calls.  A pair with a call of no seconds is left
+    out.  None without pairs."""
+    strata = [[(a, b) for a, b in s if a[1] > 0 and b[1] > 0] for s in strata]
+    strata = [s for s in strata if s]
+    if not strata:
         return None
 
-    def ratio(sample) -> float:
-        ta = sum(a[0] for a, _ in sample)
-        sa = sum(a[1] for a, _ in sample)
-        tb = sum(b[0] for _, b in sample)
-        sb = sum(b[1] for _, b in sample)
+    def ratio(samples) -> float:
+        ta = sum(a[0] for s in samples for a, _ in s)
+        sa = sum(a[1] for s in samples for a, _ in s)
+        tb = sum(b[0] for s in samples for _, b in s)
+        sb = sum(b[1] for s in samples for _, b in s)
         return (ta / sa) / (tb / sb) if tb else math.inf
 
     rng = random.Random(seed)
-    boots = sorted(ratio(rng.choices(pairs, k=len(pairs))) for _ in range(resamples))
+    boots = sorted(ratio([rng.choices(s, k=len(s)) for s in strata]) for _ in range(resamples))
     lo = boots[int((1 - level) / 2 * (resamples - 1))]
     hi = boots[int((1 + level) / 2 * (resamples - 1))]
-    return {"value": round(ratio(pairs), 4), "ci": [round(lo, 4), round(hi, 4)], "level": level,
-            "n": len(pairs)}  # fmt: skip
+    return {"value": round(ratio(strata), 4), "ci": [round(lo, 4), round(hi, 4)], "level": level,
+            "n": sum(len(s) for s in strata)}  # fmt: skip
 
 
 def timed(fn: Callable[[], int], min_seconds: float = 0.0) -> tuple[float, int, int]:

@@ -46,7 +46,10 @@ side of the bar (None under ``RESOLVE_PAIRS`` calls), and "failed_resolved" list
 interval lies wholly under it (the others in "failed" miss by less than this run can tell from a
 pass).  "noise_floor" is the A/A control: a second, identical plain engine (``plain_control``) against
 plain, whose true ratio is 1, in the sweep and in the head-to-head (``noise_floor``).  "cost_model" is
-the adaptive mode's model as calibrated and after every auto call's rounds were folded in.
+the adaptive mode's model as calibrated and after every auto call's rounds were folded in.  Each
+head-to-head's calls are kept ("pairs" in the B's "confirm": {system: [[tokens, seconds], ...]}), so
+that ``bench/pool_scale.py`` can read several runs as one: on this machine a single run resolves an
+auto bar to about +-3%, and pooled runs narrow that by the square root of their number.
 
 A default run took 21 min on a 2-core AVX-512 machine (2026-12-06 evening, twice) and 37-45 min with a
 shorter head-to-head on the slower 2-core machines before it.
@@ -527,6 +530,8 @@ def main(argv=None) -> dict:
                 },
                 "k_per_round": {n: k_summary(ks) for n, ks in drafted.items()},
                 "close_calls": close,
+                # every call as (tokens, seconds), in call order: what bench/pool_scale.py pools over runs
+                "pairs": {n: [[t, x] for t, x in r] for n, r in rec.items()},
             }
 
     top = f"batch_{max_batch}"

@@ -184,6 +184,13 @@ def test_scale_bench_quick_on_micro(micro_world, capsys):
         assert bars["batch_8"]["strict_auto_vs_plain"]["confirm"]["n"] == 1
         assert bars["batch_8"]["strict_auto_vs_plain"]["judged_on"] == "confirm"
         assert floor["confirm"]["n"] == 1
+        # the head-to-head's calls are kept, and pooling this one run gives back each of its bars
+        pairs = confirm["pairs"]
+        assert set(pairs) == set(confirm["tokens_per_s"]) and all(len(v) == 1 for v in pairs.values())
+        pooled = _load_bench("pool_scale").pool([out])["bars"]["batch_8"]
+        judged = {n for n, b in bars["batch_8"].items() if b.get("confirm")}
+        assert set(pooled) == judged and all(pooled[n]["method"] == "pairs" for n in judged)
+        assert all(pooled[n]["value"] == bars["batch_8"][n]["confirm"]["value"] for n in judged)
     assert '"bars"' in capsys.readouterr().out
 
 
@@ -749,3 +756,135 @@ def test_every_bench_script_runs_main_after_all_its_definitions():
         ]
         if guards:
             assert guards == [len(body) - 1], f"{path.name}: the __main__ block is not the last statement"
+
+
+def _pairs(rng, n, speed, pace=1.0):
+    """n paired calls ((tokens, seconds), (tokens, seconds)): the first system ``speed`` times the second's
+    tokens/s, each call's length and the machine's ``pace`` shared by the pair, a few percent of noise."""
+    out = []
+    for _ in range(n):
+        tokens = rng.randint(500, 2000)
+        base = tokens / 1000 * pace * rng.uniform(0.8, 1.25)
+        out.append(
+            ((tokens, base / speed * rng.uniform(0.97, 1.03)), (tokens, base * rng.uniform(0.97, 1.03)))
+        )
+    return out
+
+
+def test_pooled_ratio_of_sums_is_one_runs_figure_for_one_run_and_narrows_over_several():
+    """Seed 3: one stratum is ``ratio_of_sums`` (same value and interval); three runs of 48 pairs each at
+    a true ratio of 0.96 and paces 1, 1.2 and 0.8 give the ratio of the pooled sums (by hand), an
+    interval that holds 0.96 and is under 0.75x the width of the widest single run's."""
+    import random
+
+    common = _load_bench("_common")
+    pooled_ratio_of_sums, ratio_of_sums = common.pooled_ratio_of_sums, common.ratio_of_sums
+    rng = random.Random(3)
+    one = _pairs(rng, 48, 0.96)
+    assert pooled_ratio_of_sums([one]) == ratio_of_sums([a for a, _ in one], [b for _, b in one])
+    runs = [_pairs(rng, 48, 0.96, pace) for pace in (1.0, 1.2, 0.8)]
+    pooled = pooled_ratio_of_sums(runs)
+    flat = [p for run in runs for p in run]
+    rate = (sum(a[0] for a, _ in flat) / sum(a[1] for a, _ in flat)) / (
+        sum(b[0] for _, b in flat) / sum(b[1] for _, b in flat)
+    )
+    assert pooled["value"] == round(rate, 4) and pooled["n"] == 144
+    lo, hi = pooled["ci"]
+    assert lo < 0.96 < hi
+    widths = [
+        (lambda r: r["ci"][1] - r["ci"][0])(ratio_of_sums([a for a, _ in r_], [b for _, b in r_]))
+        for r_ in runs
+    ]
+    assert hi - lo < 0.75 * max(widths)
+    assert pooled_ratio_of_sums([[], []]) is None
+
+
+def test_inverse_variance_pools_log_intervals():
+    """Two readings of 0.95 with the same interval pool to 0.95 with a log-width 1/sqrt(2) of theirs;
+    0.9 and 1.0 with equal widths pool to their geometric mean; a reading of one call (zero width)
+    is left out."""
+    import math
+
+    iv = _load_bench("pool_scale").inverse_variance
+    r = {"value": 0.95, "ci": [0.92, 0.98]}
+    two = iv([r, r])
+    assert two["value"] == 0.95 and two["n"] == 2
+    width = math.log(two["ci"][1] / two["ci"][0])
+    assert width == pytest.approx(math.log(0.98 / 0.92) / math.sqrt(2), rel=5e-3)  # bounds kept to 4 digits
+    mixed = iv([{"value": 0.9, "ci": [0.9 / 1.05, 0.9 * 1.05]}, {"value": 1.0, "ci": [1 / 1.05, 1.05]}])
+    assert mixed["value"] == round(math.sqrt(0.9), 4)
+    assert iv([r, {"value": 0.5, "ci": [0.5, 0.5]}])["value"] == 0.95
+    assert iv([{"value": 0.5, "ci": [0.5, 0.5]}])["value"] is None
+
+
+def _scale_run(bench, rng, auto_speed, best, pairs=True):
+    """A bench/scale.py output at B = 8 as ``compute_bars`` writes it: strict auto against ``best``
+    (strict_k3 or strict_k5, the sweep's pick) at ``auto_speed``, 48 head-to-head calls a system."""
+    rates = {"plain": 100.0, "strict_k3": 120.0, "strict_k5": 119.0, "strict_auto": 118.0}
+    rates |= {"mars_k3": 130.0, "mars_k5": 128.0, "mars_auto": 131.0}
+    rates[best] = 125.0
+    calls = _pairs(rng, 48, auto_speed)
+    rec = {"strict_auto": [a for a, _ in calls], best: [b for _, b in calls]}
+    rec["plain"] = [(t, s * 1.2) for t, s in rec[best]]
+    bars = bench.compute_bars({"batch_8": rates}, [3, 5], auto_ok=True, confirm={"batch_8": rec})
+    confirm = {"calls": 48} | ({"pairs": {n: [list(c) for c in r] for n, r in rec.items()}} if pairs else {})
+    return {"bench": "scale", "bars": bars, "results": {"batch_8": {"confirm": confirm}}}
+
+
+def test_pool_scale_pools_each_bar_over_runs():
+    """Seed 5, three runs at B = 8 whose sweeps picked strict_k3, strict_k5 and strict_k3 as the best fixed
+    system, strict auto at 0.975 of it: pooled over the kept calls the bar's figure is that of all 144
+    pairs, each run's own best in ``per_run``, and its interval narrower than any run's; runs without
+    kept calls pool by their intervals; bars judged on a sweep (mars here) are left out; one bar
+    pooled wrongly (against the other k) would not match its runs."""
+    import random
+
+    bench, tool = _load_bench("scale"), _load_bench("pool_scale")
+    rng = random.Random(5)
+    runs = [_scale_run(bench, rng, 0.975, best) for best in ("strict_k3", "strict_k5", "strict_k3")]
+    out = tool.pool(runs)
+    bar = out["bars"]["batch_8"]["strict_auto_vs_best_fixed"]
+    assert bar["method"] == "pairs" and bar["pairs"] == 144 and bar["runs"] == 3
+    assert [r["best"] for r in bar["per_run"]] == ["strict_k3", "strict_k5", "strict_k3"]
+    pooled_ratio_of_sums = _load_bench("_common").pooled_ratio_of_sums
+    strata = []
+    for run in runs:
+        kept, best = (
+            run["results"]["batch_8"]["confirm"]["pairs"],
+            run["bars"]["batch_8"]["strict_auto_vs_best_fixed"]["best"],
+        )
+        strata.append(list(zip(map(tuple, kept["strict_auto"]), map(tuple, kept[best]), strict=True)))
+    assert bar["value"] == pooled_ratio_of_sums(strata)["value"]
+    lo, hi = bar["ci"]
+    assert lo < 0.975 < hi and all(hi - lo < r["ci"][1] - r["ci"][0] for r in bar["per_run"])
+    assert bar["pass"] is (bar["value"] >= 0.97) and bar["resolved"] is (lo >= 0.97 or hi < 0.97)
+    assert (
+        "strict_auto_vs_plain" in out["bars"]["batch_8"]
+        and "mars_auto_vs_best_fixed" not in out["bars"]["batch_8"]
+    )
+    # the same runs without their calls (runs from before): pooled by intervals, near the same figure
+    bare = [_scale_run(bench, random.Random(5 + i), 0.975, "strict_k3", pairs=False) for i in range(3)]
+    by_ci = tool.pool(bare)["bars"]["batch_8"]["strict_auto_vs_best_fixed"]
+    assert by_ci["method"] == "intervals" and by_ci["pairs"] == 144 and abs(by_ci["value"] - 0.975) < 0.02
+
+
+def test_pool_scale_cli_names_a_bad_file(tmp_path):
+    """A missing file, a file that is not JSON and JSON that is not a scale output each stop the tool
+    with one line naming the file, exit 2, no traceback."""
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"bench": "engine"}))
+    for path, words in (
+        (tmp_path / "nope.json", "No such file"),
+        (bad, "not JSON"),
+        (other, "not a bench/scale.py"),
+    ):
+        res = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "pool_scale.py"), str(path)], capture_output=True, text=True
+        )
+        assert res.returncode == 2 and res.stdout == ""
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"pool_scale: {path}:") and words in lines[0], (
+            res.stderr
+        )
