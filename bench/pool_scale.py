@@ -111,6 +111,8 @@ def pool(runs: list[dict]) -> dict:
             else:
                 pooled, method = inverse_variance([b["confirm"] for b in bars]), "intervals"
                 pairs = sum(b["confirm"]["n"] for b in bars)
+            if pooled is None:  # no call with any seconds in it: nothing to pool
+                continue
             level = first["bar"]
             value, ci = pooled["value"], pooled["ci"]
             row[name] = {
