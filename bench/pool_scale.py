@@ -35,11 +35,10 @@ import json
 import math
 import sys
 from pathlib import Path
+from statistics import NormalDist
 
 sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
 from _common import pooled_ratio_of_sums
-
-Z90 = 1.6448536269514722  # the standard normal's 95th percentile: a 90% interval is +-Z90 sigma
 
 
 def bar_systems(name: str, bar: dict) -> tuple[str, str] | None:
@@ -60,7 +59,7 @@ def inverse_variance(readings: list[dict], level: float = 0.9) -> dict:
     """Ratios ``{value, ci}`` (each a ``level`` interval) pooled on the log scale by inverse variance:
     each interval read as value * exp(+-z sigma).  A reading whose interval has no width (one call)
     cannot be weighed and is left out; None-free input assumed."""
-    z = Z90 if level == 0.9 else _z(level)
+    z = NormalDist().inv_cdf((1 + level) / 2)  # a level interval is +-z sigma
     num = den = 0.0
     used = 0
     for r in readings:
@@ -77,12 +76,6 @@ def inverse_variance(readings: list[dict], level: float = 0.9) -> dict:
     mean, sigma = num / den, 1.0 / math.sqrt(den)
     lo, hi = math.exp(mean - z * sigma), math.exp(mean + z * sigma)
     return {"value": round(math.exp(mean), 4), "ci": [round(lo, 4), round(hi, 4)], "level": level, "n": used}
-
-
-def _z(level: float) -> float:
-    from statistics import NormalDist
-
-    return NormalDist().inv_cdf((1 + level) / 2)
 
 
 def pool(runs: list[dict]) -> dict:

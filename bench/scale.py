@@ -1,6 +1,6 @@
 """Engine throughput against batch size on the tiny world, side by side in one run (issues 12 and 13).
 
-    python bench/scale.py                          # default world, B in 1 8 32 128, 3 repeats (~21 min)
+    python bench/scale.py                          # default world, B in 1 8 32 128, 3 repeats (~15-21 min)
     python bench/scale.py --quick                  # one repeat and one call of each system
     python bench/scale.py --batches 1 8 --ks 3 7 --repeats 5 --threads 1
 
@@ -51,7 +51,7 @@ head-to-head's calls are kept ("pairs" in the B's "confirm": {system: [[tokens, 
 that ``bench/pool_scale.py`` can read several runs as one: on this machine a single run resolves an
 auto bar to about +-3%, and pooled runs narrow that by the square root of their number.
 
-A default run took 21 min on a 2-core AVX-512 machine (2026-12-06 evening, twice) and 37-45 min with a
+A default run took 15-21 min on a 2-core AVX-512 machine (2026-12-06, four runs) and 37-45 min with a
 shorter head-to-head on the slower 2-core machines before it.
 
 Prints one JSON object on stdout; progress goes to stderr.  Reuses the world cached under

@@ -771,17 +771,22 @@ def _pairs(rng, n, speed, pace=1.0):
     return out
 
 
-def test_pooled_ratio_of_sums_is_one_runs_figure_for_one_run_and_narrows_over_several():
-    """Seed 3: one stratum is ``ratio_of_sums`` (same value and interval); three runs of 48 pairs each at
-    a true ratio of 0.96 and paces 1, 1.2 and 0.8 give the ratio of the pooled sums (by hand), an
-    interval that holds 0.96 and is under 0.75x the width of the widest single run's."""
+def test_pooled_ratio_of_sums_resamples_within_each_run_and_narrows_over_several():
+    """Two runs whose pairs are each all alike (ratio 1.0 in one, 0.5 in the other, 10 pairs each, the
+    same tokens and seconds per call): resampled within each run every bootstrap draw keeps the 10 + 10
+    mix, so the interval is the point 2/3; pooled across runs it would move with the draw.  Seed 3:
+    three runs of 48 pairs each at a true ratio of 0.96 and paces 1, 1.2 and 0.8 give the ratio of the
+    pooled sums (by hand), an interval that holds 0.96 and is under 0.75x the width of the widest
+    single run's."""
     import random
 
     common = _load_bench("_common")
     pooled_ratio_of_sums, ratio_of_sums = common.pooled_ratio_of_sums, common.ratio_of_sums
+    same = [((100, 1.0), (100, 1.0))] * 10
+    half = [((100, 2.0), (100, 1.0))] * 10
+    mixed = pooled_ratio_of_sums([same, half])  # 2000 tokens in 30 s against 2000 in 20 s
+    assert mixed["value"] == round(2 / 3, 4) and mixed["ci"] == [round(2 / 3, 4)] * 2 and mixed["n"] == 20
     rng = random.Random(3)
-    one = _pairs(rng, 48, 0.96)
-    assert pooled_ratio_of_sums([one]) == ratio_of_sums([a for a, _ in one], [b for _, b in one])
     runs = [_pairs(rng, 48, 0.96, pace) for pace in (1.0, 1.2, 0.8)]
     pooled = pooled_ratio_of_sums(runs)
     flat = [p for run in runs for p in run]
