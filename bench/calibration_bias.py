@@ -6,7 +6,7 @@ runs at fixed k, for two ways of cycling the k's.
     python bench/calibration_bias.py --preset micro --rows 8 --repeats 1 --max-draft-tokens 2   # smoke
 
 A round's drafter first absorbs what the round before it kept.  ``SpeculativeEngine.calibrate`` cycles
-k = 0 .. K; with one round a k (``--repeat`` 1, the calibration before 2026-12-04) a timed round
+k = 0 .. K; with one round a k (``--repeat`` 1) a timed round
 follows another k (passing up, k = 1 follows a plain step and absorbs what that step and K kept),
 with two (``calibrate``'s default) only the second of each pair is timed.  Each repeat, interleaved in
 alternating order: one calibration of each kind at ``--rows`` live rows on the world's own prompts, and

@@ -1,7 +1,7 @@
 """What a slot of cache width costs a round drafting k, for every k: each k's own figure, the line in k
 the cost model reads (fitted to the rounds of every k at once, ``context_line``), the line through each
-k's own figure that it read on 2026-12-04, and the one figure pooled over every k >= 1 that it used
-before that; all four from the same timed rounds.
+k's own figure (an alternative), and one figure pooled over every k >= 1 (a simpler alternative); all
+four from the same timed rounds.
 
     python bench/context_slope.py                  # default world, 32 rows, mars, 3 calibrations
     python bench/context_slope.py --rows 128 --rule strict

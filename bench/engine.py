@@ -5,7 +5,7 @@ drafter that replays the target's greedy continuation (the engine's ceiling).
     python bench/engine.py                       # Qwen3-architecture target of ~20M params, random weights
     python bench/engine.py --new-tokens 32 --batch-sizes 1
 
-Until a trained head exists (the tiny-world issue) the EAGLE-3 head is random, so its acceptance is near
+The EAGLE-3 head here is random (no world is built), so its acceptance is near
 zero: those rows measure overhead, not speedup.  Prints one JSON object; read the ratios.
 
 Built for a noisy shared machine: one torch thread by default (--threads), each measurement repeats its

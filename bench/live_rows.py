@@ -1,4 +1,4 @@
-"""The planner on the live rows' acceptance against the call's pooled estimates (issue 12).
+"""The planner on the live rows' acceptance against the call's pooled estimates.
 
     python bench/live_rows.py                                   # default world, B = 128, mars, K=3 beside
     python bench/live_rows.py --batch 32 --rule mars --ks 5 --calls 30

@@ -1,4 +1,4 @@
-"""The adaptive engine's plain steps against the plain engine's, and where auto's round time goes (issue 12).
+"""The adaptive engine's plain steps against the plain engine's, and where auto's round time goes.
 
     python bench/plain_steps.py                  # default world, B = 128, 1 warm-up + 5 timed calls each
     python bench/plain_steps.py --preset micro --batch 8 --calls 1 --new-tokens 8   # smoke

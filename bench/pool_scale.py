@@ -1,24 +1,23 @@
-"""Several ``bench/scale.py`` runs read as one (issue 12): every bar the runs judged on their head-to-heads,
+"""Several ``bench/scale.py`` runs read as one: every bar the runs judged on their head-to-heads,
 pooled over the runs.
 
     python bench/scale.py > a.json && python bench/scale.py > b.json && python bench/scale.py > c.json
     python bench/pool_scale.py a.json b.json c.json
 
-Why: one run's head-to-head measures an auto bar to about +-3% on this project's shared 2-core CPU (48
-calls a system at B <= 32, a 90% interval 0.05-0.07 wide), while auto and the best fixed k differ by
-less than that where the k curve is flat, so a single run's verdict on the 0.97 bar moves from run to
-run (2026-12-06: three full runs of one engine each missed a different auto bar or none).  Pooled, the
+Why: one run's head-to-head measures an auto bar to a few percent on a small shared CPU (48
+calls a system at B <= 32), while auto and the best fixed k differ by less than that where the k curve
+is flat, so a single run's verdict on the 0.97 bar can move from run to run.  Pooled, the
 same calls give one figure per bar with an interval about sqrt(runs) narrower.
 
 How each bar is pooled, in order of preference (``method`` in the output):
 
 - ``"pairs"``: every run kept its head-to-head calls (``results[B]["confirm"]["pairs"]``: {system:
-  [[tokens, seconds], ...]}, written by ``bench/scale.py`` since this tool exists): the ratio of
+  [[tokens, seconds], ...]}, written by ``bench/scale.py``): the ratio of
   tokens/s over all runs' calls, sums over sums as in one run, with a 90% bootstrap interval that
   resamples each run's pairs within that run (``pooled_ratio_of_sums``; the runs are strata, as a
   machine's pace differs between them).  With one run this is the run's own figure exactly.
-- ``"intervals"``: some run has no calls kept (runs from before): each run's figure and 90% interval,
-  read as a normal on the log scale, pooled by inverse variance (``inverse_variance``).
+- ``"intervals"``: some run has no calls kept (older output of ``bench/scale.py``): each run's figure
+  and 90% interval, read as a normal on the log scale, pooled by inverse variance (``inverse_variance``).
 
 The pair of systems is each run's own: auto / best fixed compares auto with the best fixed system that
 run's sweep picked, which may differ between runs (``per_run`` lists each run's figure and ``best``).

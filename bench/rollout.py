@@ -1,7 +1,8 @@
 """Rollout pool costs side by side in one run: the engine called in-process, the pool with 1 actor on
 the same single request (the Ray hop: ratio = pool / in-process), the pool with 2 actors (the batch
 split in two), weight updates through the object store, and a probe of how far two single-thread
-processes overlap on this machine (``cpu_probe.parallel_speedup``: read speedup_2_actors against it).
+processes overlap on the machine it runs on (``cpu_probe.parallel_speedup``: read speedup_2_actors
+against it).
 
 Weight updates: the pool's path (``RolloutPool.update_weights``: cast to the worker's dtype and trimmed
 on the driver, numpy buffers Ray stores out of band and the actor reads in place) against the path it
@@ -110,7 +111,7 @@ def compare_updates(pool: RolloutPool, weights, repeats: int) -> dict:
 
 def parallel_probe(cpus: float) -> dict:
     """The same single-thread matmul loop as 1 Ray task, then as 2 concurrent ones: how much two actors
-    can overlap on this machine (2.0 = two real cores, 1.0 = they share one)."""
+    can overlap on the machine it runs on (2.0 = two real cores, 1.0 = they share one)."""
     import ray
 
     def matmul_loop(steps: int = 300) -> float:  # nested: Ray ships it by value, whatever imports bench

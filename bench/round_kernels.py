@@ -2,7 +2,7 @@
 
 - ``commit``: moving each row's kept entries of a block to the end of its valid region, in every layer's
   K and V (``RaggedCache.commit``): the flat ``index_select`` / ``index_copy_`` the cache uses against
-  ``gather`` / ``scatter_`` on the 4D buffers with an expanded index (the cache's way until 2026-12-04).
+  ``gather`` / ``scatter_`` on the 4D buffers with an expanded index (the obvious way).
 - ``drafter_attention``: the drafter's masked GQA attention (``grouped_attention``) on the CPU, torch's
   own GQA (one SDPA call with ``enable_gqa``) against folding the query heads into the query axis.
   ``FOLD_CPU_QUERIES`` (the query lengths the CPU folds) is read off this table.

@@ -1,4 +1,4 @@
-"""Engine throughput against batch size on the tiny world, side by side in one run (issues 12 and 13).
+"""Engine throughput against batch size on the tiny world, side by side in one run.
 
     python bench/scale.py                          # default world, B in 1 8 32 128, 3 repeats (~15-21 min)
     python bench/scale.py --quick                  # one repeat and one call of each system
@@ -9,7 +9,7 @@ prompts once): HF ``generate``, marsrl plain, strict and mars chains at each K i
 trees (--tree), and the adaptive mode (``num_draft_tokens="auto"``, ``max_draft_tokens`` = the largest
 K) for strict and mars.  A measurement is several engine calls on disjoint prompts (--min-tokens, or
 --calls), and the systems are interleaved call by call: call c of every system, in an order rotated each
-call, before call c + 1 of any.  On this shared machine the same call's speed drifts by up to 1.6x over
+call, before call c + 1 of any.  On a shared machine the same call's speed can drift by half again over
 a few seconds; interleaving that finely spreads each slow spell over every system.  A system's
 tokens/s in a repeat is its tokens over its seconds summed over the calls; a figure is the median over
 repeats, and each ratio divides two medians of the same run.  Engines are built once per system and
@@ -27,8 +27,8 @@ are null.
 
 After the sweep at each B comes a head-to-head (``--confirm-calls``; "confirm" in the B's results): plain,
 the A/A control, and each rule's auto and its best fixed system by the sweep's medians, interleaved call
-by call on prompts and seeds the sweep did not use, many more calls than a sweep's measurement.  On this
-machine one call of identical work moves by an IQR of 10-26% against its neighbour, so the sweep's 6
+by call on prompts and seeds the sweep did not use, many more calls than a sweep's measurement.  On a small
+shared machine one call of identical work moves by 10-25% against its neighbour, so the sweep's 6
 calls a system cannot resolve a 3% bar, and the best fixed system is the largest of five noisy figures;
 the head-to-head measures the auto bars on fresh data, as the ratio of tokens/s over all its calls with
 a 90% bootstrap interval over the pairs (``ratio_of_sums``).  The mars >= strict pairs the sweep
@@ -38,21 +38,20 @@ the head-to-head too, and it judges their bar: at a short chain mars has few pos
 its edge can be as small as the sweep's error, and a sweep failure rests on 6 calls a system.  A
 pair clear of 1 by more than the margin keeps the sweep's pass.
 
-"bars" holds the issue's acceptance bars, each as {value, bar, pass, judged_on}: ``value`` the ratio of
-the sweep's medians, ``paired`` the median and IQR of its per-call ratios, ``confirm`` the head-to-head's
-ratio where both systems ran there, and ``pass`` judges that one where present, else the sweep's
-(``compute_bars``); a head-to-head bar's ``resolved`` says whether its 90% interval lies wholly on one
+"bars" holds the acceptance bars (docs/benchmarks.md lists them), each as {value, bar, pass,
+judged_on}: ``value`` the ratio of the sweep's medians, ``paired`` the median and IQR of its per-call
+ratios, ``confirm`` the head-to-head's ratio where both systems ran there, and ``pass`` judges that one
+where present, else the sweep's (``compute_bars``); a head-to-head bar's ``resolved`` says whether its 90% interval lies wholly on one
 side of the bar (None under ``RESOLVE_PAIRS`` calls), and "failed_resolved" lists the failures whose
 interval lies wholly under it (the others in "failed" miss by less than this run can tell from a
 pass).  "noise_floor" is the A/A control: a second, identical plain engine (``plain_control``) against
 plain, whose true ratio is 1, in the sweep and in the head-to-head (``noise_floor``).  "cost_model" is
 the adaptive mode's model as calibrated and after every auto call's rounds were folded in.  Each
 head-to-head's calls are kept ("pairs" in the B's "confirm": {system: [[tokens, seconds], ...]}), so
-that ``bench/pool_scale.py`` can read several runs as one: on this machine a single run resolves an
-auto bar to about +-3%, and pooled runs narrow that by the square root of their number.
+that ``bench/pool_scale.py`` can read several runs as one: on a small shared CPU a single run resolves an
+auto bar to a few percent, and pooled runs narrow that by the square root of their number.
 
-A default run took 15-21 min on a 2-core AVX-512 machine (2026-12-06, four runs) and 37-45 min with a
-shorter head-to-head on the slower 2-core machines before it.
+A default run takes a quarter of an hour or more on a 2-core CPU (docs/benchmarks.md has the times).
 
 Prints one JSON object on stdout; progress goes to stderr.  Reuses the world cached under
 ``$MARSRL_CACHE`` (``~/.cache/marsrl``) and builds it only when it is missing.
@@ -119,7 +118,7 @@ def compute_bars(
     calls: dict[str, dict[str, list[float]]] | None = None,
     confirm: dict[str, dict[str, list[tuple[float, float]]]] | None = None,
 ) -> dict:
-    """The issue's bars from median tokens/s: ``results`` maps "batch_B" to {system: tokens/s}.
+    """The acceptance bars from median tokens/s: ``results`` maps "batch_B" to {system: tokens/s}.
 
     At every B and for each rule: auto >= 0.97 x the best of plain and every fixed K of that rule, and
     auto >= plain; mars >= strict for each chain K, the tree (and auto).  At B = ``speedup_batch``:

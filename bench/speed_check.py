@@ -1,18 +1,18 @@
-"""The adaptive mode with and without its SpeedCheck, head to head at one batch size (issue 12).
+"""The adaptive mode with and without its SpeedCheck, head to head at one batch size.
 
     python bench/speed_check.py                 # default world, B = 128, 2 warm-up + 8 timed calls
     python bench/speed_check.py --batch 32 --calls 16
     python bench/speed_check.py --preset micro --batch 8 --calls 1 --warmup 1 --new-tokens 6  # smoke
 
 ``num_draft_tokens="auto"`` chooses each round's k from a calibrated cost model; where plain steps and
-speculative rounds are within a few percent of each other (strict at B = 128 on this project's CPU),
+speculative rounds are within a few percent of each other (strict at B = 128 on a small CPU),
 the calibration's error decides.  ``EngineConfig(speed_check=True)`` (the default) corrects the
 model's speculative-against-plain ratio from the workload's own rounds (``SpeedCheck``).  This bench
 runs, on the same prompts and seeds, interleaved call by call (the order rotated each call): marsrl
-plain, a fixed chain per rule (``--fixed``, K = 3: the best fixed mars system at B = 128 in
-``bench/scale.py`` runs so far), and for each rule ``auto`` with the check (``{rule}_auto``) and
-without it (``{rule}_auto_off``).  Every auto engine starts from its own copy of one calibration,
-and runs ``--warmup`` untimed calls first (an RL run's engines carry their state from call to call).
+plain, a fixed chain per rule (``--fixed``, K = 3 by default), and for each rule ``auto`` with the
+check (``{rule}_auto``) and without it (``{rule}_auto_off``).  Every auto engine starts from its own copy
+of one calibration, and runs ``--warmup`` untimed calls first (an RL run's engines carry their state
+from call to call).
 ``--skew S`` multiplies the calibration's figures for every k >= 1 by S before any call: a calibration
 error of known size, to see whether the check finds it (where the check has nothing to correct, on
 and off choose the same k's, and their ratio is an A/A control).  ``--window W`` also runs each rule's
@@ -21,10 +21,10 @@ auto; ``--no-off`` leaves the check-off twins out.
 
 Reports each system's tokens/s over all its timed calls, and ratios with 90% bootstrap intervals over
 the paired calls (``ratio_of_sums``): every system against plain, each auto against its rule's fixed
-chain and against the best of plain and that chain (the issue's 0.97 bar), and on against off.  Also
-the k each auto drafted (pooled) and each checked engine's final ``speed_check`` (per measured batch
-size: measured over predicted seconds of plain steps and of speculative rounds, and their ratio, the
-factor).  Prints one JSON object on stdout; progress goes to stderr.
+chain and against the best of plain and that chain (the 0.97 bar of ``bench/scale.py``), and on against
+off.  Also the k each auto drafted (pooled) and each checked engine's final ``speed_check`` (per
+measured batch size: measured over predicted seconds of plain steps and of speculative rounds, and their
+ratio, the factor).  Prints one JSON object on stdout; progress goes to stderr.
 """
 
 from __future__ import annotations

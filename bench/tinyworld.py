@@ -197,7 +197,7 @@ def speed_table(target, head, tok, prompts, max_new_tokens: int, args) -> dict:
     """tokens/s of HF ``generate`` and marsrl (chain K = 7, K = 3, K = 7 with ``--draft-confidence``
     ("k7c") and the ``--tree``; strict and mars) at T = 1 on the same prompts: batch 1 runs them one by
     one, batch 8 in batches of 8 (left-padded for HF).  Each system runs ``--speed-reps`` times,
-    interleaved with the others (this machine is shared and noisy); the figure is the median, and each
+    interleaved with the others (a shared machine is noisy); the figure is the median, and each
     ratio divides two medians of the same run."""
     eos, pad = tok.eos_token_id, tok.pad_token_id
     shapes = {

@@ -68,7 +68,7 @@ def med(values):
 
 
 def step_costs(args) -> dict:
-    auto = ["pool.worker.engine.num_draft_tokens=auto"]  # adaptive speculation (issue 12), K <= 7
+    auto = ["pool.worker.engine.num_draft_tokens=auto"]  # adaptive speculation, K <= 7
     configs = {
         "plain": (ArmConfig("plain", rule="strict"), False, []),
         "strict": (ArmConfig("strict", rule="strict"), True, []),

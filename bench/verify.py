@@ -1,7 +1,7 @@
 """Cost of ``verify_chain`` per rule, as a ratio to one ``torch.softmax`` over the same target logits.
 
 Measured side by side in one process, interleaved (softmax, then each case, repeated), reporting the
-median time per case; ratios are what to read (this machine is shared and noisy).
+median time per case; ratios are what to read (a shared machine is noisy).
 
     python bench/verify.py                  # B=64, K=8, V=151936, T=1, no top-k/top-p
     python bench/verify.py --vocab 32000 --repeats 3

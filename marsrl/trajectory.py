@@ -6,8 +6,8 @@ all import it), so a consumer of trajectories needs no engine.  It leaves out ho
 (``marsrl.engine``) and what is computed from it (``marsrl.metrics``, ``marsrl.algo``).
 
 Serialisation: ``vars(t)`` / ``dataclasses.asdict(t)`` give a JSON-ready dict and ``Trajectory(**d)``
-reads it back.  A dict written before ``unsupported_mass`` and ``relax_prob`` existed still loads: the
-mass reads as zeros and relax_prob as 1.0 (the only relaxation there was then).
+reads it back.  A dict without ``unsupported_mass`` and ``relax_prob`` (an older record) still loads: the
+mass reads as zeros and relax_prob as 1.0 (the paper's rule, the only relaxation such a record can hold).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ PER_TOKEN_FIELDS = (
 class Trajectory:
     """One completion with its per-token record (every per-token list has len(completion_ids)).
 
-    Per token y at completion index i (see ``shared/spec/mars.md``, "What every emitted token records"):
+    Per token y at completion index i (see ``docs/concepts.md``, "The per-token record"):
     its provenance, log p(y) under the target's sampling distribution, log b(y) under the procedure that
     emitted it, the target's raw-logit margin z2/z1, whether y is the rank-2 token, its index in its
     draft round, and the unsupported mass: the target's probability mass at that position on tokens the

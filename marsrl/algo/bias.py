@@ -1,6 +1,6 @@
-"""The top-1 / top-2 bias figures of a batch (``../shared/spec/mars.md``, "Top-2 bias: what the trainer
-measures"): what was emitted, against what exact sampling from the policy would emit, and the
-importance ratio w = pi / b that corrects for the difference.
+"""The top-1 / top-2 bias figures of a batch (``docs/concepts.md``, "Bias measures"): what was emitted,
+against what exact sampling from the policy would emit, and the importance ratio w = pi / b that
+corrects for the difference.
 
 Per batch, over completion tokens (mask True):
     tokens, relaxed_frac          count; relaxed tokens (provenance RELAXED = 2) / tokens

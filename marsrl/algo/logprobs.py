@@ -1,6 +1,6 @@
 """The teacher-forced statistics of emitted tokens under the policy: log pi(y) at the sampling
 temperature, and whether y is the policy's rank-1 / rank-2 token with those two tokens' probabilities
-(what the top-2 bias figures compare against; ``../shared/spec/mars.md``, "Top-2 bias").
+(what the top-2 bias figures compare against; ``docs/concepts.md``, "Bias measures").
 
 From logits already at the predicting positions, or from final hidden states and the lm_head weight, in
 chunks of positions so the [chunk, V] temporaries stay small: the cost of one lm_head matmul over the

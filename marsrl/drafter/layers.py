@@ -21,13 +21,12 @@ from .config import Eagle3Config
 # for short query blocks (``FOLD_CPU_QUERIES``), True = the folded path every other device takes at every
 # length (the tests set it to check that path here)
 FOLD_ON_CPU = False
-# Query lengths the CPU folds anyway (``python bench/round_kernels.py``, 2026-12-04, torch 2.13, one thread):
-# for a block of 2-8 queries (the absorb of a round's pairs) the folded call took 0.62-0.96 of the time of
-# torch's own GQA with a mask at 32 and 128 rows (128 rows, 60 keys, 3 queries: 1.07 against 1.72 ms),
-# 0.61-1.20 of it at 8 rows and 1.0-1.9x at one row, where either takes 10-45 us; one query, and 16 or more,
-# run as fast or faster unfolded.  A rule on the query length alone: one on the batch size would give a
-# group's shared prompt (one row) and its unshared copies (G rows) different kernels, and their
-# trajectories must stay bit-identical.
+# Query lengths the CPU folds anyway: for a block of 2-8 queries (the absorb of a round's pairs) the folded
+# call is faster than torch's own GQA with a mask at batches of 32 rows and more, and about even at a few
+# rows; one query, and 16 or more, run as fast or faster unfolded (``python bench/round_kernels.py``
+# measures both ways; its figures are in docs/benchmarks.md).  A rule on the query length alone: one on
+# the batch size would give a group's shared prompt (one row) and its unshared copies (G rows) different
+# kernels, and their trajectories must stay bit-identical.
 FOLD_CPU_QUERIES = range(2, 9)
 # Query block size of ``grouped_attention``: B * Hq * C * S <= this many elements (a float32 score block of
 # at most 512 MB, were a backend to build one; the folded mask is G/Hq of that).

@@ -68,7 +68,7 @@ class TinyWorldConfig:
 
 
 # Training covers 1-2 step problems with numbers up to 10 (values up to 40); the held-out set always has
-# two steps. Measured on 2 cores: a 1.7M-parameter target learns the format and most of this arithmetic in
+# two steps. A 1.7M-parameter target learns the format and most of this arithmetic in
 # ~900 SFT steps; with numbers up to 20 it stayed under 5% held-out accuracy after 400 steps.
 EASY = replace(Difficulty.preset("easy"), max_number=10, max_factor=4, max_value=40)
 TWO_STEP = replace(EASY, min_steps=2, max_steps=2)
@@ -108,8 +108,8 @@ PRESETS: dict[str, TinyWorldConfig] = {
         num_kv_heads=2,
         intermediate_size=384,
         sft=SFTConfig(steps=900, batch_size=16, lr=3e-3, warmup=30),
-        # the head was the bottleneck: 96 TTT steps on 512 responses gave tau 2.1 at T=1 (chain K=7,
-        # bench/tinyworld.py), these 320 steps on 1,024 give 4.1
+        # the head sets tau: 320 TTT steps on 1,024 of the target's own responses (bench/tinyworld.py
+        # measures tau; a head trained on half the responses for a third of the steps drafts far worse)
         n_draft_prompts=1024,
         draft_vocab_size=320,
         draft_epochs=5,
@@ -169,8 +169,8 @@ def build_tinyworld(
     """Build (or reuse) a tiny world; returns its folder. Deterministic for a preset and seed.
 
     ``threads``: torch intra-op threads while building (None leaves torch's setting). One is the
-    default: these models are too small to gain from two, and on a shared machine a busy second core
-    made a training step 30x slower (17 s vs 0.5 s, measured).
+    default: these models are too small to gain from two, and on a shared machine a second thread
+    waiting for a busy core can make a training step many times slower.
     """
     cfg = PRESETS[preset] if isinstance(preset, str) else preset
     if isinstance(preset, str) and preset not in PRESETS:

@@ -4,7 +4,7 @@ This is a test oracle: the vectorised verifiers (``chain.py``, ``tree.py``) are 
 token for token. It is never used on a hot path. Everything here loops in Python over batch rows,
 positions and siblings, works on 1-D float64 vectors, and computes behaviour probabilities by
 *enumerating* what the procedure can do (never by a closed form), so that it is a check on the
-closed forms rather than a copy of them. The rules themselves are in ``shared/spec/mars.md``.
+closed forms rather than a copy of them. The rules themselves are in ``docs/concepts.md``.
 
 Conventions the fast code must share to match exactly:
 
