@@ -38,18 +38,19 @@ the head-to-head too, and it judges their bar: at a short chain mars has few pos
 its edge can be as small as the sweep's error, and a sweep failure rests on 6 calls a system.  A
 pair clear of 1 by more than the margin keeps the sweep's pass.
 
-"bars" holds the acceptance bars (docs/benchmarks.md lists them), each as {value, bar, pass,
-judged_on}: ``value`` the ratio of the sweep's medians, ``paired`` the median and IQR of its per-call
-ratios, ``confirm`` the head-to-head's ratio where both systems ran there, and ``pass`` judges that one
-where present, else the sweep's (``compute_bars``); a head-to-head bar's ``resolved`` says whether its 90% interval lies wholly on one
-side of the bar (None under ``RESOLVE_PAIRS`` calls), and "failed_resolved" lists the failures whose
-interval lies wholly under it (the others in "failed" miss by less than this run can tell from a
-pass).  "noise_floor" is the A/A control: a second, identical plain engine (``plain_control``) against
-plain, whose true ratio is 1, in the sweep and in the head-to-head (``noise_floor``).  "cost_model" is
-the adaptive mode's model as calibrated and after every auto call's rounds were folded in.  Each
-head-to-head's calls are kept ("pairs" in the B's "confirm": {system: [[tokens, seconds], ...]}), so
-that ``bench/pool_scale.py`` can read several runs as one: on a small shared CPU a single run resolves an
-auto bar to a few percent, and pooled runs narrow that by the square root of their number.
+"bars" holds the acceptance bars (docs/benchmarks.md lists them), each as {value, bar, pass, judged_on}:
+``value`` the ratio of the sweep's medians, ``paired`` the median and IQR of its per-call ratios,
+``confirm`` the head-to-head's ratio where both systems ran there, and ``pass`` judges that one where
+present, else the sweep's (``compute_bars``); a head-to-head bar's ``resolved`` says whether its 90%
+interval lies wholly on one side of the bar (None under ``RESOLVE_PAIRS`` calls), and "failed_resolved"
+lists the failures whose interval lies wholly under it (the others in "failed" miss by less than this run
+can tell from a pass).  "noise_floor" is the A/A control: a second, identical plain engine
+(``plain_control``) against plain, whose true ratio is 1, in the sweep and in the head-to-head
+(``noise_floor``).  "cost_model" is the adaptive mode's model as calibrated and after every auto call's
+rounds were folded in.  Each head-to-head's calls are kept ("pairs" in the B's "confirm": {system:
+[[tokens, seconds], ...]}), so that ``bench/pool_scale.py`` can read several runs as one: on a small
+shared CPU a single run resolves an auto bar to a few percent, and pooled runs narrow that by the square
+root of their number.
 
 A default run takes a quarter of an hour or more on a 2-core CPU (docs/benchmarks.md has the times).
 
