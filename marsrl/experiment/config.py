@@ -87,15 +87,28 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Held-out accuracy before and after training (plain decoding with the policy itself)."""
+    """Held-out accuracy (plain decoding with the policy itself, ``data.n_eval`` problems, the same for
+    every arm): at each of ``temperatures`` before training, every ``every`` steps and after
+    (``marsrl.experiment.evaluate``)."""
 
-    temperature: float = 0.0  # 0: greedy, so accuracy has no sampling noise
+    temperature: float = 0.0  # run.evaluate's single temperature (0: greedy)
+    temperatures: tuple[float, ...] = (1.0, 0.0)  # 1: the rollout temperature GRPO optimises; 0: greedy
+    every: int | None = None  # evaluate every this many steps (None: max_steps // 4; 0: before/after only)
+    seed: int | None = None  # sampling seed of the evaluations (None: the experiment's seed)
     max_new_tokens: int | None = None  # None: the trainer's max_completion_length
     batch_size: int = 64
 
     def __post_init__(self):
         if not self.temperature >= 0:
             raise ValueError(f"eval.temperature must be >= 0, got {self.temperature}")
+        temps = tuple(float(t) for t in self.temperatures)
+        object.__setattr__(self, "temperatures", temps)
+        if not temps or any(not t >= 0 for t in temps) or len(set(temps)) != len(temps):
+            raise ValueError(f"eval.temperatures must be distinct values >= 0, got {list(temps)}")
+        if self.every is not None and self.every < 0:
+            raise ValueError(f"eval.every must be None or >= 0, got {self.every}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"eval.max_new_tokens must be None or >= 1, got {self.max_new_tokens}")
         if self.batch_size < 1:
             raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
 
