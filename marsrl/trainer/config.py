@@ -117,12 +117,10 @@ class MarsGRPOConfig(GRPOConfig):
             raise ValueError(
                 "temperature must be > 0: the correction needs the sampling distribution's log-probs"
             )
-        if (self.top_k or 0) > 0 or (self.top_p is not None and self.top_p < 1.0):
-            raise ValueError(
-                "top_k / top_p truncate the rollout distribution while the trainer's log-probs are "
-                "untruncated: "
-                "the correction cannot reach the filtered tokens; unset top_k and top_p"
-            )
+        # every generation setting is honoured by the pool or refused here (docs/trainer-options.md)
+        from ..integrations.trl import check_generation_args
+
+        check_generation_args(self)
 
 
 def _deepspeed_comm(args: GRPOConfig) -> None:

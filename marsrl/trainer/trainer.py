@@ -47,8 +47,9 @@ from trl import GRPOTrainer
 from ..algo import bias_metrics, importance_weights, token_stats
 from ..drafter.target import final_norm
 from ..engine import SamplingParams
-from ..integrations.trl import make_rollout_func
+from ..integrations.trl import make_rollout_func, resolve_sampling
 from ..rollout.weights import gather_zero3_state_dict, is_zero3
+from ..verify.dist import sampling_logits
 from .config import MarsGRPOConfig
 from .stats import acceptance_by_position, is_lossy
 
@@ -78,8 +79,11 @@ class MarsGRPOTrainer(GRPOTrainer):
             via ``close()``).
         drafter: the ``Eagle3Drafter`` module the pool drafts with, trained online when
             ``args.draft_refresh_every > 0`` and sent to the pool with the policy.
-        sampling: SamplingParams for the rollouts; None: from ``args`` (temperature, max_completion_length,
-            seed) and the tokenizer's eos.
+        sampling: SamplingParams for the rollouts; fields left at their defaults come from ``args``
+            (temperature, top_k, top_p, max_completion_length, seed) and the trainer's eos ids, a value that
+            contradicts them is refused here (``marsrl.integrations.trl.resolve_sampling``). Every
+            generation setting of ``args`` is honoured or refused at construction
+            (docs/trainer-options.md).
         Other keyword arguments go to ``GRPOTrainer`` (``rollout_func`` is this trainer's own).
     """
 
@@ -107,6 +111,7 @@ class MarsGRPOTrainer(GRPOTrainer):
             raise ValueError(
                 "draft_refresh_every > 0 needs drafter= (the Eagle3Drafter the pool drafts with)"
             )
+        resolve_sampling(args, sampling)  # refuse before loading anything; eos is checked below
         super().__init__(
             model=model,
             reward_funcs=reward_funcs,
@@ -132,8 +137,11 @@ class MarsGRPOTrainer(GRPOTrainer):
             self.pool = pool
             self._check_pool(pool)
         tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
+        self.sampling = resolve_sampling(args, sampling, eos_token_ids=self.eos_token_ids)
         self._pool_rollout = (
-            make_rollout_func(self.pool, tokenizer, sampling) if self.pool is not None else None
+            make_rollout_func(self.pool, tokenizer, self.sampling, sync_weights=False)
+            if self.pool is not None
+            else None
         )
         self._synced_version: int | None = None
         self._draft_dirty = drafter is not None  # send the head once with the first policy
@@ -245,12 +253,15 @@ class MarsGRPOTrainer(GRPOTrainer):
         else:
             out["advantages"] = out["advantages"].unsqueeze(1) * weights
 
-        lengths = completion_mask.sum(1).tolist()
+        lengths = _record_lengths(rows, completion_mask, width)
         record = {
             "provenance": _pad_rows(rows, "provenance", lengths, width, 0, torch.int8),
             "draft_position": _pad_rows(rows, "draft_position", lengths, width, -1, torch.long),
             "unsupported_mass": _pad_rows(rows, "unsupported_mass", lengths, width, 0.0, torch.float32),
         }
+        if "filtered_mass" in stats:  # pi's mass off the top-k / top-p filter, and then off b's support
+            cut = stats["filtered_mass"].to(record["unsupported_mass"].device)
+            record["unsupported_mass"] = cut + (1 - cut) * record["unsupported_mass"]
         metrics = self._batch_metrics(mode, old, behavior, stats, record, mask_b, rows)
         for key, value in is_metrics.items():
             metrics[f"correction/{key}"] = value
@@ -335,7 +346,27 @@ class MarsGRPOTrainer(GRPOTrainer):
             else:
                 logits = F.linear(h.float(), head.weight.float(), head.bias.float())
                 stats, _ = token_stats(completion_ids, self.temperature, logits=logits, mask=mask)
+            if self.sampling.top_k is not None or self.sampling.top_p is not None:
+                stats["filtered_mass"] = self._filtered_mass(h, head, mask)
         return stats
+
+    @torch.no_grad()
+    def _filtered_mass(self, h: torch.Tensor, head, mask: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+        """[N, C] float32: the policy's mass (softmax(z / T), what the trainer's log-probs are taken
+        under) that the rollout's top-k / top-p filter removes at each completion position; 0 where
+        masked. The behaviour cannot emit it, so no importance weight reaches it."""
+        sp = self.sampling
+        out = torch.zeros(mask.shape, dtype=torch.float32, device=h.device)
+        where = mask.flatten().nonzero().squeeze(1)
+        rows = h.flatten(0, 1)
+        bias = None if head.bias is None else head.bias.float()
+        for start in range(0, where.numel(), chunk):
+            at = where[start : start + chunk]
+            z = F.linear(rows[at].float(), head.weight.float(), bias)  # [c, V]
+            kept = sampling_logits(z, sp.temperature, sp.top_k, sp.top_p).isfinite()
+            probs = (z / sp.temperature).softmax(dim=-1)
+            out.view(-1)[at] = (probs * ~kept).sum(dim=-1)
+        return out
 
     def _batch_metrics(self, mode, old, behavior, stats, record, mask, rows) -> dict:
         """The logged figures of one generation batch, gathered over ranks (every rank computes them)."""
@@ -352,6 +383,8 @@ class MarsGRPOTrainer(GRPOTrainer):
             "mask": mask,
             "draft_position": record["draft_position"].to(old.device),
         }
+        if "filtered_mass" in stats:
+            tensors["filtered_mass"] = stats["filtered_mass"]
         if acc.num_processes > 1:
             tensors = {k: acc.gather(acc.pad_across_processes(v, dim=1)) for k, v in tensors.items()}
         t = {k: v.cpu() for k, v in tensors.items()}
@@ -367,14 +400,18 @@ class MarsGRPOTrainer(GRPOTrainer):
             unsupported_mass=t["unsupported_mass"],
         )
         out = {f"bias/{k}": float(v) for k, v in bias.items() if k != "tokens"}
+        if "filtered_mass" in t:
+            m = t["mask"]
+            out["bias/filtered_mass"] = float(t["filtered_mass"][m].double().mean()) if m.any() else 0.0
         unsupported = out.get("bias/unsupported_mass", 0.0)
         if unsupported > 0 and self.args.is_correction != "none" and not self._warned_unsupported:
             self._warned_unsupported = True
+            sp = self.sampling
             warnings.warn(
                 f"the rollouts put {unsupported:.3g} of the policy's mass per token where the behaviour "
-                f"cannot emit (relax_prob={self._batch_info.get('relax_prob')}): importance correction "
-                "cannot restore "
-                "it; use relax_prob < 1 or sampled drafts for an exactly correctable run",
+                f"cannot emit (relax_prob={self._batch_info.get('relax_prob')}, top_k={sp.top_k}, "
+                f"top_p={sp.top_p}): importance correction cannot restore it; use relax_prob < 1 or "
+                "sampled drafts, and no top-k / top-p filter, for an exactly correctable run",
                 stacklevel=2,
             )
         stats_row = rows[0].get("rollout_stats") or {}
@@ -507,6 +544,21 @@ def _pad_rows(rows: list[dict], key: str, lengths: list[int], width: int, fill, 
         if len(values):
             out[i, : len(values)] = torch.tensor(values, dtype=dtype)
     return out
+
+
+def _record_lengths(rows: list[dict], completion_mask: torch.Tensor, width: int) -> list[int]:
+    """Each completion's token count: its mask's where the mask is on, else (a row TRL masked out with
+    ``mask_truncated_completions``) the length of its own per-token record, which must fit ``width``."""
+    lengths = completion_mask.sum(1).tolist()
+    for i, row in enumerate(rows):
+        if lengths[i] == 0 and row.get("provenance") is not None:
+            lengths[i] = len(row["provenance"])
+            if lengths[i] > width:
+                raise ValueError(
+                    f"provenance of completion {i} has {lengths[i]} entries, more than the completions' "
+                    f"width {width}"
+                )
+    return [int(n) for n in lengths]
 
 
 def _slice_output(payload: dict, start: int, length: int) -> dict:

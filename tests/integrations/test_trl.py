@@ -2,6 +2,7 @@
 and the rollout function's contract checked in detail against a recording fake pool (no Ray)."""
 
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -95,20 +96,27 @@ def test_sampling_defaults_come_from_the_trainer():
 
     class Args:
         temperature, top_k, top_p, max_completion_length, seed = 0.7, 0, 1.0, 6, 9
-        min_p, repetition_penalty = None, 1.0
+        min_p, repetition_penalty, generation_kwargs = None, 1.0, {"top_k": 5}
 
     class Trainer:
         args = Args()
         num_generations = 2
         model = torch.nn.Linear(1, 1)
+        state = types.SimpleNamespace(global_step=3)  # the fake pool's trajectories say version 3
 
-    fn = make_rollout_func(pool, tok)
+    fn = make_rollout_func(pool, tok, sync_weights=False)
     fn(["the cat", "the cat"], Trainer())
     sp = pool.calls[0][1]
-    assert (sp.temperature, sp.top_k, sp.top_p, sp.max_new_tokens, sp.n) == (0.7, None, None, 6, 2)
+    # generation_kwargs override the fields, as in TRL's transformers path
+    assert (sp.temperature, sp.top_k, sp.top_p, sp.max_new_tokens, sp.n) == (0.7, 5, None, 6, 2)
+    assert sp.eos_token_id == (tok.eos_token_id,)
     Args.repetition_penalty = 1.1
-    with pytest.raises(ValueError, match="repetition_penalty are not supported"):
-        make_rollout_func(pool, tok)(["x"], Trainer())
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        make_rollout_func(pool, tok, sync_weights=False)(["x"], Trainer())
+    Args.repetition_penalty = 1.0
+    Trainer.state = types.SimpleNamespace(global_step=4)  # the pool (version 3) lags the trainer
+    with pytest.raises(ValueError, match="lags the trainer"):
+        make_rollout_func(pool, tok, sync_weights=False)(["x"], Trainer())
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -187,3 +195,76 @@ def test_grpo_trainer_trains_two_steps_with_the_pool(tmp_path):
         assert {t.policy_version for t in trajs} == {2}
     finally:
         pool.shutdown()
+
+
+def test_plain_grpo_trainer_keeps_the_pool_in_step(tmp_path):
+    """TRL's contract test for rollout weight sync, on the pool: with a plain ``trl.GRPOTrainer`` the
+    rollout function sends the policy exactly when ``global_step`` moved (steps 2, 2, 3: two sends), the
+    worker's weights equal the trainer's after each send, and the trajectories carry the step as their
+    version. Then two real training steps: rollouts of step k say version k."""
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tests.trainer.helpers import length_reward, local_pool, prompt_dataset, save_tiny_world
+
+    folder = save_tiny_world(tmp_path / "policy")
+    tok = AutoTokenizer.from_pretrained(folder)
+    pool = local_pool(folder, rule="strict")
+    sent, send = [], pool.update_weights
+
+    def recording(policy=None, draft=None, version=None):
+        sent.append(version)
+        return send(policy, draft, version)
+
+    pool.update_weights = recording
+    seen = []
+
+    def reward(completions, **kwargs):
+        seen.append(list(kwargs["policy_version"]))
+        return length_reward(completions)
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=4,
+        max_steps=2,
+        learning_rate=0.1,
+        save_strategy="no",
+        seed=0,
+    )
+    dataset = prompt_dataset(8)
+    trainer = GRPOTrainer(
+        folder,
+        [reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tok,
+        rollout_func=make_rollout_func(pool, tok),
+    )
+    prompts = [dataset[0]["prompt"]] * 2 + [dataset[1]["prompt"]] * 2
+    gen = torch.Generator().manual_seed(0)
+    for step, expected in ((2, [2]), (2, [2]), (3, [2, 3])):
+        if step != trainer.state.global_step:  # the policy moves only when the step does
+            with torch.no_grad():
+                for p in trainer.model.parameters():
+                    p.add_(0.05 * torch.randn(p.shape, generator=gen))
+        trainer.state.global_step = step
+        *_, extra, _, _ = trainer._generate(prompts)
+        assert sent == expected
+        assert extra["policy_version"] == [step] * 4
+        theirs = pool.worker.target.state_dict()
+        for name, value in trainer.model.state_dict().items():
+            assert torch.equal(theirs[name], value), f"{name}: the worker's weights are not the trainer's"
+
+    sent.clear()
+    trainer.state.global_step = 0
+    trainer.train()
+    assert sent == [0, 1] and seen == [[0] * 4, [1] * 4]
+    theirs = pool.worker.target.state_dict()
+    assert any(not torch.equal(theirs[k], v) for k, v in trainer.model.state_dict().items()), (
+        "the final step's update is sent with the next generation, not before"
+    )

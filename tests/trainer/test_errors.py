@@ -40,8 +40,8 @@ def _args(tmp, **extra):
     [
         (dict(is_correction="sequence_clip"), "is_correction"),
         (dict(is_clip_min=2.0, is_clip_max=1.0), "is_clip_max"),
-        (dict(top_k=5), "top_k"),
-        (dict(top_p=0.9), "top_p"),
+        (dict(min_p=0.1), "min_p"),
+        (dict(generation_kwargs={"num_beams": 2}), "num_beams"),
         (dict(draft_refresh_every=-1), "draft_refresh_every"),
         (dict(max_policy_lag=-1), "max_policy_lag"),
         (dict(is_correction="token_truncate", is_clip_min=None, is_clip_max=None), "needs is_clip_min"),
