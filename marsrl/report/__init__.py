@@ -2,8 +2,9 @@
 (or in wandb offline runs) — a side-by-side table, plots with their data, highlighted sample
 completions and a verdict in plain words.  It reads; it trains nothing and recomputes no model output.
 
-Modules: ``load`` (input folders and their errors), ``table`` (figures), ``plots``, ``html``
-(completions page), ``verdict``, ``wandb_io`` (reading offline runs, logging the report back),
+Modules: ``load`` (input folders and their errors), ``table`` (figures), ``stats`` (smoothing,
+bootstrap intervals, paired tests), ``compare`` (each arm against strict, with intervals, and the Amdahl
+projection), ``plots``, ``html`` (completions page), ``verdict``, ``wandb_io`` (reading offline runs, logging the report back),
 ``build`` (runs them in order), ``cli``.  The names below are imported on first use, so that building
 the ``marsrl`` parser (``cli.add_report_parser``) imports neither torch, matplotlib nor wandb.
 """

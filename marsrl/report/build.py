@@ -10,10 +10,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .load import REPORT_DIR, Experiment, ReportError, load_experiment
+from . import stats
+from .compare import compare_arms, projection
+from .load import REPORT_DIR, Experiment, ReportError, finite, load_experiment
 from .plots import write_plots
-from .table import FINAL_FRAC, format_markdown, summarize_arm, table_cells, table_json
-from .verdict import verdict
+from .table import FINAL_FRAC, comparison_cells, format_markdown, summarize_arm, table_cells, table_json
+from .verdict import reference_arm, verdict
 
 
 @dataclass
@@ -26,6 +28,8 @@ class Report:
     verdict_metrics: dict
     plots: dict
     skipped_plots: list[str]
+    comparisons: dict = field(default_factory=dict)  # {arm: {figure key: compare.Figure}}
+    target_reward: float | None = None
     wandb_runs: dict = field(default_factory=dict)
 
 
@@ -35,30 +39,59 @@ def build_report(
     final_frac: float = FINAL_FRAC,
     samples_per_arm: int = 20,
     to_wandb: bool = False,
+    target_reward: float | None = None,
+    n_boot: int = stats.N_BOOT,
+    seed: int = stats.SEED,
 ) -> Report:
-    """Read ``path`` (see ``load_experiment``), write every report file and return what was computed."""
+    """Read ``path`` (see ``load_experiment``), write every report file and return what was computed.
+
+    ``target_reward``: the reward level whose time to reach is compared; None takes the experiment
+    config's ``report.target_reward`` (fixed before the run), else that figure is not compared."""
     if not 0 < final_frac <= 1:
         raise ReportError(f"--final-frac must be in (0, 1], got {final_frac}")
     exp = load_experiment(path)
+    target = target_reward if target_reward is not None else configured_target(exp)
     from .html import completions_html  # imports torch (for the provenance codes): only once input is valid
 
     out = Path(out_dir) if out_dir is not None else exp.path / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     names = [a.name for a in exp.arms]
     summaries = {a.name: summarize_arm(a, final_frac) for a in exp.arms}
-    rows = table_cells(summaries, final_frac)
+    ref = reference_arm(exp.arms)
+    others = [a for a in exp.arms if a is not ref]
+    comparisons = {a.name: compare_arms(a, ref, target, n_boot, seed) for a in others}
+    projections = {a.name: projection(a, ref, n_boot, seed) for a in others}
+    rows = table_cells(summaries, final_frac) + comparison_cells(comparisons, names, ref.name if ref else "")
     table = format_markdown(rows, names)
-    text, metrics = verdict(exp.arms, summaries)
+    text, metrics = verdict(exp.arms, summaries, comparisons, projections, target, n_boot, seed)
     (out / "table.md").write_text(f"# {exp.name}\n\n{table}\n")
     data = table_json(exp.name, summaries, rows, final_frac)
+    data["comparisons"] = {a: {k: f.as_dict() for k, f in figs.items()} for a, figs in comparisons.items()}
+    data["projection"] = metrics.get("projection", {})
+    data["target_reward"] = target
+    data["smoothing"] = {"reward": "debiased exponential moving average", "alpha": stats.EMA_ALPHA}
     data["verdict"] = {"text": text, "metrics": metrics}
     (out / "table.json").write_text(json.dumps(data, indent=2, allow_nan=False))
     (out / "verdict.txt").write_text(text + "\n")
     plots, skipped = write_plots(exp.arms, out)
     (out / "completions.html").write_text(completions_html(exp.name, exp.arms, samples_per_arm))
-    report = Report(exp, out, summaries, table, text, metrics, plots, skipped)
+    report = Report(exp, out, summaries, table, text, metrics, plots, skipped, comparisons, target)
     if to_wandb:
         from .wandb_io import log_report_to_wandb
 
         report.wandb_runs = log_report_to_wandb(out, exp.arms, max_samples=samples_per_arm)
     return report
+
+
+def configured_target(exp: Experiment) -> float | None:
+    """``report.target_reward`` from an arm's resolved config (the level fixed before the run), or None;
+    ReportError when arms disagree."""
+    found = set()
+    for arm in exp.arms:
+        section = arm.config.get("report")
+        value = section.get("target_reward") if isinstance(section, dict) else None
+        if finite(value):
+            found.add(float(value))
+    if len(found) > 1:
+        raise ReportError(f"{exp.path}: arms name different report.target_reward values {sorted(found)}")
+    return found.pop() if found else None

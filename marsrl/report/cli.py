@@ -1,6 +1,7 @@
 """``marsrl report OUT_DIR``: the strict-vs-MARS report of one experiment.
 
-    marsrl report outputs/<experiment> [--out DIR] [--final-frac 0.2] [--samples 20] [--wandb]
+    marsrl report outputs/<experiment> [--out DIR] [--target-reward 0.5] [--final-frac 0.2] [--samples 20]
+                                       [--wandb]
 
 OUT_DIR is an experiment folder (one sub-folder per arm, as ``marsrl train`` writes), a wandb run folder
 (``.../wandb/offline-run-*``) or a folder of them.  Input problems print one line naming the file and
@@ -26,6 +27,7 @@ def _report(args: argparse.Namespace) -> int:
             final_frac=args.final_frac,
             samples_per_arm=args.samples,
             to_wandb=args.wandb,
+            target_reward=args.target_reward,
         )
     except ReportError as err:
         print(f"marsrl report: {err}", file=sys.stderr)
@@ -72,6 +74,13 @@ def add_report_parser(subparsers) -> None:
         "out_dir", metavar="OUT_DIR", help="outputs/<experiment>, a wandb run folder, or a folder of them"
     )
     rep.add_argument("--out", help="write the report here instead of OUT_DIR/report")
+    rep.add_argument(
+        "--target-reward",
+        type=float,
+        help="the reward level (fixed before the run) whose time to reach each arm is compared on the "
+        "EMA-smoothed reward curve (default: the experiment config's report.target_reward, else not "
+        "compared)",
+    )
     rep.add_argument(
         "--final-frac",
         type=float,

@@ -6,9 +6,13 @@ The on-disk contract, ``outputs/<experiment>/<arm>/``:
     metrics.jsonl   one object per logged step: ``step`` (int), ``wall_s`` and the keys as logged to
                     wandb (``train/reward``, ``train/rollout/tau``, ``train/bias/top2_excess``, ...);
                     any metric may be absent, null or NaN in a row
-    eval.json       ``{"before": {accuracy, ci_low, ci_high, n}, "after": {...}, "tau": float}``
+    eval.json       ``{"before": R, "after": R, "tau": float}``, R either one result {accuracy, ci_low,
+                    ci_high, n[, correct]} or one per temperature {"t1": {...}, "greedy": {...}} (as
+                    ``marsrl.experiment.evaluate`` writes); ``correct``, a 0/1 list over the held-out
+                    problems in a fixed order, makes the arms' accuracy comparison paired
     samples.jsonl   sample trajectories (step, prompt, completion, tokens, token_ids, provenance,
-                    target_logprobs, behavior_logprobs, reward)
+                    target_logprobs, behavior_logprobs, reward[, gold, answer]); ``tokens`` are
+                    the decoded texts of the ids (their concatenation is the completion)
     wandb_run       optional: the path of the arm's wandb run folder
 Only ``metrics.jsonl`` is required (or, without it, a ``wandb_run`` whose history replaces it).
 

@@ -1,5 +1,7 @@
 """The report's plots: every arm on the same axes, one PNG per figure, and beside each PNG a CSV with
-exactly the series drawn (``arm, x, y`` and, for a band, ``y_low, y_high``).
+exactly the series drawn (``arm, x, y`` and, for a band, ``y_low, y_high``; for a smoothed figure,
+``y_smooth``).  The training reward is drawn raw (thin, faint) beside its smoothed curve (solid): a
+debiased exponential moving average over the arm's steps, ``stats.ema`` with alpha ``stats.EMA_ALPHA``.
 
 A row whose value is missing, null or NaN stays in the series with an empty ``y``: the line breaks
 there (a gap), it is not bridged.  Rows without an x (``wall_s`` absent) are left out.  An arm that never
@@ -16,6 +18,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import stats
 from .load import Arm, finite
 
 
@@ -26,11 +29,16 @@ class PlotSpec:
     ylabel: str
     x: str = "step"  # "step" or "wall_s"
     se: str | None = None  # a per-step standard error: drawn as a +-1 SE band
+    smooth: bool = False  # also draw the EMA-smoothed curve (stats.ema), the raw one faint beside it
 
+
+_SMOOTHED = "{} (faint: raw; solid: EMA, alpha " + f"{stats.EMA_ALPHA:g})"
 
 PLOTS: dict[str, PlotSpec] = {
-    "reward_step": PlotSpec("reward vs step", "train/reward", "mean reward"),
-    "reward_wall": PlotSpec("reward vs wall-clock", "train/reward", "mean reward", x="wall_s"),
+    "reward_step": PlotSpec(_SMOOTHED.format("reward vs step"), "train/reward", "mean reward", smooth=True),
+    "reward_wall": PlotSpec(
+        _SMOOTHED.format("reward vs wall-clock"), "train/reward", "mean reward", x="wall_s", smooth=True
+    ),
     "tau": PlotSpec("accepted tokens per round (tau)", "train/rollout/tau", "tau"),
     "tokens_per_s": PlotSpec("rollout throughput", "train/rollout/tokens_per_s", "tokens / s"),
     "relaxed_frac": PlotSpec("relaxed fraction of rollout tokens", "train/rollout/relaxed_frac", "fraction"),
@@ -48,12 +56,14 @@ XLABELS = {"step": "step", "wall_s": "wall-clock (s)"}
 
 
 def plot_series(arms: list[Arm], spec: PlotSpec) -> list[dict]:
-    """The points drawn: ``{"arm", "x", "y"[, "y_low", "y_high"]}``, ``None`` for a gap, arms in order."""
+    """The points drawn: ``{"arm", "x", "y"[, "y_low", "y_high"][, "y_smooth"]}``, ``None`` for a gap,
+    arms in order."""
     out = []
     for arm in arms:
         if not any(finite(r.get(spec.y)) for r in arm.rows):
             continue
-        for r in arm.rows:
+        smoothed = stats.ema([float(r[spec.y]) if finite(r.get(spec.y)) else None for r in arm.rows])
+        for r, smooth in zip(arm.rows, smoothed, strict=True):
             if not finite(r.get(spec.x)):
                 continue
             y = float(r[spec.y]) if finite(r.get(spec.y)) else None
@@ -62,12 +72,14 @@ def plot_series(arms: list[Arm], spec: PlotSpec) -> list[dict]:
                 se = float(r[spec.se]) if finite(r.get(spec.se)) else None
                 point["y_low"] = y - se if y is not None and se is not None else None
                 point["y_high"] = y + se if y is not None and se is not None else None
+            if spec.smooth:
+                point["y_smooth"] = smooth
             out.append(point)
     return out
 
 
-def write_series_csv(series: list[dict], path: Path, band: bool) -> None:
-    columns = ["arm", "x", "y", *(["y_low", "y_high"] if band else [])]
+def write_series_csv(series: list[dict], path: Path, band: bool, smooth: bool = False) -> None:
+    columns = ["arm", "x", "y", *(["y_low", "y_high"] if band else []), *(["y_smooth"] if smooth else [])]
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(columns)
@@ -106,7 +118,12 @@ def draw(series: list[dict], spec: PlotSpec, path: Path, arm_names: list[str]) -
         color = f"C{arm_names.index(name) % 10}" if name in arm_names else None
         xs = [p["x"] for p in pts]
         ys = [nan if p["y"] is None else p["y"] for p in pts]
-        ax.plot(xs, ys, marker=".", color=color, label=name)
+        if spec.smooth:
+            ax.plot(xs, ys, color=color, alpha=0.35, linewidth=0.8)
+            sm = [nan if p["y_smooth"] is None else p["y_smooth"] for p in pts]
+            ax.plot(xs, sm, color=color, linewidth=1.8, label=name)
+        else:
+            ax.plot(xs, ys, marker=".", color=color, label=name)
         if spec.se is not None:
             lo = [nan if p["y_low"] is None else p["y_low"] for p in pts]
             hi = [nan if p["y_high"] is None else p["y_high"] for p in pts]
@@ -135,7 +152,7 @@ def write_plots(arms: list[Arm], out_dir: Path, plots: dict[str, PlotSpec] = PLO
             skipped.append(name)
             continue
         png, csv_path = out_dir / f"{name}.png", out_dir / f"{name}.csv"
-        write_series_csv(series, csv_path, band=spec.se is not None)
+        write_series_csv(series, csv_path, band=spec.se is not None, smooth=spec.smooth)
         draw(series, spec, png, names)
         written[name] = {"png": png, "csv": csv_path, "points": len(series)}
     return written, skipped

@@ -79,15 +79,26 @@ def _ema_rows(x: np.ndarray, alpha: float) -> np.ndarray:
 
 
 def percentile_interval(draws: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
-    """The central ``level`` percentile interval of bootstrap draws (NaN draws dropped; +inf kept, so an
-    interval may be open above).  (nan, nan) without a finite or infinite draw."""
-    d = np.asarray(draws, dtype=float)
+    """The central ``level`` percentile interval of bootstrap draws: numpy's default (linear) quantile,
+    except that a quantile next to an infinite draw is that infinity (so an interval may be open above).
+    NaN draws are dropped; (nan, nan) when none is left."""
+    d = np.sort(np.asarray(draws, dtype=float).ravel())
     d = d[~np.isnan(d)]
     if d.size == 0:
         return math.nan, math.nan
     tail = (1 - level) / 2
-    lo, hi = np.quantile(d, [tail, 1 - tail])
-    return float(lo), float(hi)
+    out = []
+    for q in (tail, 1 - tail):
+        pos = (d.size - 1) * q
+        i, j = math.floor(pos), math.ceil(pos)
+        a, b = float(d[i]), float(d[j])
+        if i == j or a == b:
+            out.append(a)
+        elif math.isinf(a) or math.isinf(b):
+            out.append(b if math.isinf(b) else a)
+        else:
+            out.append(a + (b - a) * (pos - i))
+    return out[0], out[1]
 
 
 def bootstrap_indices(n: int, n_boot: int = N_BOOT, seed: int = SEED) -> np.ndarray:
@@ -233,7 +244,8 @@ def time_to_target_interval(
     resampled independently).  A draw in which the arm never reaches the target counts as an infinite
     ratio, one in which only the reference never does as zero; neither reaching is left out.
 
-    Value: NaN when either arm never reaches the target on its own curve.  Metrics: ``low``, ``high``,
+    Value: by the same convention (0 when only the arm reaches the target on its own curve, inf when only
+    the reference does, NaN when neither does).  Metrics: ``low``, ``high``,
     ``arm_s``, ``ref_s`` (seconds, None if never reached), ``arm_reached`` / ``ref_reached`` (share of
     draws that reached it), ``n_boot``, ``level``.
     """
@@ -247,7 +259,12 @@ def time_to_target_interval(
     ratio = np.where(np.isinf(ta) & ~np.isinf(tr), np.inf, ratio)
     ratio = np.where(~np.isinf(ta) & np.isinf(tr), 0.0, ratio)
     lo, hi = percentile_interval(ratio, level)
-    value = t_arm / t_ref if t_arm is not None and t_ref else math.nan
+    if t_arm is not None and t_ref:
+        value = t_arm / t_ref
+    else:  # the draws' convention: only the arm got there 0, only the reference inf, neither NaN
+        value = {(True, False): 0.0, (False, True): math.inf}.get(
+            (t_arm is not None, t_ref is not None), math.nan
+        )
     return value, {
         "low": lo,
         "high": hi,

@@ -192,6 +192,28 @@ def table_cells(summaries: dict[str, dict], frac: float = FINAL_FRAC) -> list[di
     return out
 
 
+def comparison_cells(comparisons: dict[str, dict], arms: list[str], ref: str) -> list[dict]:
+    """Rows of the compared figures (``compare.compare_arms`` per arm): ``value [low, high]`` and a ``*``
+    where the interval resolves a difference; the reference's cell is ``ref``."""
+    from .verdict import format_figure
+
+    keys = list(dict.fromkeys(k for figs in comparisons.values() for k in figs))
+    out = []
+    for key in keys:
+        label = next(figs[key].label for figs in comparisons.values() if key in figs)
+        cells = {}
+        for arm in arms:
+            f = comparisons.get(arm, {}).get(key)
+            cells[arm] = (
+                "ref"
+                if arm == ref
+                else ("n/a" if f is None else format_figure(key, f) + (" *" if f.resolved else ""))
+            )
+        kind = "ratio" if key.endswith("_ratio") else "difference"
+        out.append({"key": key, "label": f"vs {ref}: {label}, {kind} [95% CI]", "cells": cells})
+    return out
+
+
 def format_markdown(rows: list[dict], arms: list[str]) -> str:
     """A Markdown table (columns padded so it also reads as plain text; ``|`` in a cell escaped)."""
     cell = lambda text: text.replace("|", "\\|")  # noqa: E731  a literal | would split the cell

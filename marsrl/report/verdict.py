@@ -1,16 +1,22 @@
-"""The verdict: one paragraph in plain words, computed from the figures, comparing every arm with the
-reference arm (the strict one; the first arm when none is strict).
+"""The verdict: plain words from the comparisons (``compare``), every arm against the reference arm (the
+strict one; the first arm when none is strict).
 
-"Reached the reference's final reward" means: the arm's trailing mean reward over the same number of
-steps as the reference's final window (the last 20% of its steps) first reached the reference's final
-reward.  A trailing mean, not a single step, so that one lucky batch does not count; the same window,
-so that the reference itself reaches its own final reward exactly at its last step (100% of its
-wall-clock).
+It claims only what an interval resolves: for each arm it first names the figures whose 95% interval
+excludes "no difference" (1 for a ratio, 0 for a difference), then lists the rest as "not resolved at this
+size", then what could not be compared and why.  A projection of the step-time effect (Amdahl's law at
+the measured rollout share and at published ones) follows, labelled as arithmetic, and last how the
+intervals were computed.
 """
 
 from __future__ import annotations
 
-from .load import Arm, finite
+import math
+
+from . import stats
+from .compare import PUBLISHED_SHARES, PUBLISHED_SOURCE, Figure
+from .load import Arm
+
+NOT_RESOLVED = "not resolved at this size"
 
 
 def reference_arm(arms: list[Arm]) -> Arm | None:
@@ -24,112 +30,145 @@ def reference_arm(arms: list[Arm]) -> Arm | None:
     return arms[0] if arms else None
 
 
-def time_to_reach(rows: list[dict], target: float, window: int, key: str = "train/reward") -> tuple:
-    """(wall_s at which the trailing ``window``-step mean of ``key`` first reaches ``target``, or None;
-    metrics: ``reached``, ``step``, ``best`` trailing mean)."""
-    pts = [r for r in rows if finite(r.get(key))]
-    best, eps = None, 1e-12 * max(1.0, abs(target))
-    for i in range(window - 1, len(pts)):
-        m = sum(float(r[key]) for r in pts[i - window + 1 : i + 1]) / window
-        best = m if best is None else max(best, m)
-        if m >= target - eps:
-            wall = pts[i].get("wall_s")
-            return (float(wall) if finite(wall) else None), {
-                "reached": True,
-                "step": pts[i]["step"],
-                "best": best,
-            }
-    return None, {"reached": False, "step": None, "best": best}
-
-
-def intervals_overlap(a: tuple, b: tuple) -> bool | None:
-    """Whether two closed intervals (low, high) overlap; None when either is unknown."""
-    if None in a or None in b:
-        return None
-    return a[0] <= b[1] and b[0] <= a[1]
-
-
-def _pt(s: dict, key: str) -> str:
-    if s.get(key) is None:
+def _end(x: float, fmt) -> str:
+    if x is None:
         return "n/a"
-    se = s.get(f"{key}_se")
-    return f"{100 * s[key]:+.2f} ± {100 * se:.2f} pt" if se is not None else f"{100 * s[key]:+.2f} pt"
+    if math.isinf(x):
+        return "∞" if x > 0 else "-∞"
+    return fmt(x)
 
 
-def _acc(s: dict) -> str:
-    text = f"{s['acc_after']:.3f}"
-    if s.get("acc_after_ci_low") is not None and s.get("acc_after_ci_high") is not None:
-        text += f" [{s['acc_after_ci_low']:.3f}, {s['acc_after_ci_high']:.3f}]"
+def format_figure(key: str, f: Figure) -> str:
+    """A figure as text: its value and [low, high] in the figure's unit."""
+    if key.endswith("_ratio"):
+        fmt = lambda x: f"{x:.2f}x"  # noqa: E731
+    elif key.startswith("heldout_") or "excess" in key:
+        fmt = lambda x: f"{100 * x:+.2f} pt"  # noqa: E731
+    elif key == "unsupported_mass_diff":
+        fmt = lambda x: f"{x:+.2e}"  # noqa: E731
+    else:
+        fmt = lambda x: f"{x:+.4f}"  # noqa: E731
+    value = "n/a" if f.value is None else fmt(f.value)
+    return f"{value} [{_end(f.low, fmt)}, {_end(f.high, fmt)}]"
+
+
+def _phrase(key: str, f: Figure, ref: str) -> str:
+    text = f"{f.label} {format_figure(key, f)}"
+    x = f.extra
+    if key.startswith("heldout_"):
+        n = f"{f.n} problems" + (
+            f", exact McNemar p = {x['p_value']:.3g}" if "p_value" in x else ", unpaired"
+        )
+        text += f" ({100 * x['arm']:.1f}% vs {ref} {100 * x['ref']:.1f}%, {n})"
+    elif key == "time_to_target_ratio":
+        secs = lambda s: "not reached" if s is None else f"{s:.0f} s"  # noqa: E731
+        text += f" ({secs(x['arm_s'])} vs {ref} {secs(x['ref_s'])})"
+    elif key.endswith("_diff"):
+        text += f" (vs {ref})"
     return text
 
 
-def compare(arm: Arm, s: dict, ref: Arm, r: dict) -> tuple[str, dict]:
-    """One arm against the reference: (a sentence, its numbers)."""
-    parts, out = [], {}
-    target, wall_ref = r.get("final_reward"), r.get("wall_s")
-    if target is None:
-        parts.append(f"{ref.name} logged no reward, so time to reward is not compared")
+def arm_paragraph(arm: str, ref: str, figures: dict[str, Figure], missing: list[str]) -> str:
+    """One arm: resolved figures first, then those not resolved, then those not compared."""
+    done = [_phrase(k, f, ref) for k, f in figures.items() if f.resolved]
+    rest = [_phrase(k, f, ref) for k, f in figures.items() if not f.resolved]
+    parts = [f"{arm} vs {ref}:"]
+    if done:
+        parts.append(f"resolved (95% interval excludes no difference): {'; '.join(done)}.")
     else:
-        t, m = time_to_reach(arm.rows, target, r["final_window"])
-        out.update(target=target, time_to_target_s=t, **m)
-        goal = f"{ref.name}'s final reward ({target:.3f})"
-        if m["reached"] and t is not None and wall_ref:
-            out["time_frac"] = t / wall_ref
-            parts.append(
-                f"{arm.name} reached {goal} at step {m['step']} after {t:.0f} s, "
-                f"{100 * t / wall_ref:.0f}% of {ref.name}'s wall-clock ({wall_ref:.0f} s)"
-            )
-        elif m["reached"]:
-            parts.append(f"{arm.name} reached {goal} at step {m['step']} (no wall-clock to compare)")
-        else:
-            best = (
-                f"best {r['final_window']}-step mean {m['best']:.3f}"
-                if m["best"] is not None
-                else "no reward"
-            )
-            run = f" over {s['wall_s']:.0f} s" if s.get("wall_s") is not None else ""
-            parts.append(f"{arm.name} did not reach {goal} within its run ({best}{run})")
-    if s.get("tokens_per_s") is not None and r.get("tokens_per_s"):
-        out["tokens_per_s_ratio"] = s["tokens_per_s"] / r["tokens_per_s"]
-        tau = (
-            f", tau {s['tau']:.2f} vs {r['tau']:.2f}"
-            if s.get("tau") is not None and r.get("tau") is not None
-            else ""
-        )
-        parts.append(f"rollouts at {out['tokens_per_s_ratio']:.2f}x {ref.name}'s tokens/s{tau}")
-    if s.get("top2_excess") is not None:
-        relaxed = (
-            f", {100 * s['relaxed_frac']:.2f}% of tokens relaxed" if s.get("relaxed_frac") is not None else ""
-        )
-        parts.append(f"top-2 excess {_pt(s, 'top2_excess')} ({ref.name} {_pt(r, 'top2_excess')}){relaxed}")
-    if s.get("acc_after") is not None and r.get("acc_after") is not None:
-        overlap = intervals_overlap(
-            (s.get("acc_after_ci_low"), s.get("acc_after_ci_high")),
-            (r.get("acc_after_ci_low"), r.get("acc_after_ci_high")),
-        )
-        out["acc_overlap"] = overlap
-        note = {True: " (intervals overlap)", False: " (intervals do not overlap)", None: ""}[overlap]
-        parts.append(f"held-out accuracy after training {_acc(s)} vs {ref.name} {_acc(r)}{note}")
-    else:
-        parts.append("no held-out accuracy to compare")
-    return "; ".join(parts) + ".", out
+        parts.append("no difference resolved.")
+    if rest:
+        parts.append(f"{NOT_RESOLVED[0].upper()}{NOT_RESOLVED[1:]}: {'; '.join(rest)}.")
+    if missing:
+        parts.append(f"Not compared: {'; '.join(missing)}.")
+    return " ".join(parts)
 
 
-def verdict(arms: list[Arm], summaries: dict[str, dict]) -> tuple[str, dict]:
-    """(the paragraph, {arm: the numbers behind its sentence})."""
+def missing_figures(figures: dict[str, Figure], target: float | None) -> list[str]:
+    """What could not be compared, and why."""
+    out = []
+    if "tokens_per_s_ratio" not in figures:
+        out.append("rollout tokens/s (not logged by both arms)")
+    if "time_to_target_ratio" not in figures:
+        out.append(
+            "time to a reward level (none fixed before the run: pass --target-reward or set "
+            "report.target_reward in the experiment config)"
+            if target is None
+            else "time to a reward level (no reward or step times logged)"
+        )
+    if not any(k.startswith("heldout_") for k in figures):
+        out.append("held-out accuracy (no eval.json 'after' results in both arms)")
+    return out
+
+
+def projection_sentence(arm: str, ref: str, p: dict | None, step_time: Figure | None) -> str | None:
+    """Amdahl's projection for one arm, labelled as arithmetic."""
+    if p is None:
+        return None
+    m = p["measured"]
+    text = (
+        f"Projection for {arm} (arithmetic, not a measurement): {ref}'s rollouts took "
+        f"{100 * p['share']:.1f}% of its step; with rollouts {p['speedup']:.2f}x "
+        f"[{p['speedup_low']:.2f}, {p['speedup_high']:.2f}] as fast, Amdahl's law 1 / (1 - s + s / r) "
+        f"gives a step-time speed-up of {m['value']:.2f}x "
+        f"[{m['low']:.2f}, {m['high']:.2f}] at that share"
+    )
+    if step_time is not None and step_time.value:
+        text += f" (measured: steps took {step_time.value:.2f}x {ref}'s time)"
+    lo, hi = (p["published"][f"{s:g}"] for s in PUBLISHED_SHARES)
+    shares = "–".join(f"{100 * s:g}%" for s in PUBLISHED_SHARES)
+    text += f", and {lo['value']:.2f}x–{hi['value']:.2f}x at rollout shares of {shares} ({PUBLISHED_SOURCE})."
+    return text
+
+
+METHOD = (
+    "Intervals are 95% percentile bootstraps ({n_boot} resamples, seed {seed}): over steps paired by step "
+    "number for the rates, ratios and bias figures; over held-out problems paired by problem for accuracy "
+    "(exact McNemar test beside it); for the time to a reward level, a residual bootstrap of each arm's "
+    "reward curve smoothed by a debiased exponential moving average (alpha {alpha}). Each interval stands "
+    "on its own (no adjustment for the number of figures compared); steps are resampled as exchangeable."
+)
+
+
+def verdict(
+    arms: list[Arm],
+    summaries: dict[str, dict],
+    comparisons: dict[str, dict[str, Figure]] | None = None,
+    projections: dict[str, dict | None] | None = None,
+    target: float | None = None,
+    n_boot: int = stats.N_BOOT,
+    seed: int = stats.SEED,
+) -> tuple[str, dict]:
+    """(the verdict's paragraphs, {arm: {figure: its numbers}, "projection": {arm: ...}})."""
     ref = reference_arm(arms)
     if ref is None:
         return "No arms.", {}
     r = summaries[ref.name]
     others = [a for a in arms if a is not ref]
     if not others:
-        reward = f"final reward {r['final_reward']:.3f}" if r.get("final_reward") is not None else "no reward"
+        reward = f"mean reward {r['mean_reward']:.3f}" if r.get("mean_reward") is not None else "no reward"
         return f"Only one arm ({ref.name}, {reward}); nothing to compare.", {}
+    comparisons = comparisons or {}
+    projections = projections or {}
     lead = (
-        "" if ref.rule == "strict" or ref.name == "strict" else f"No strict arm; comparing with {ref.name}. "
+        [] if ref.rule == "strict" or ref.name == "strict" else [f"No strict arm; comparing with {ref.name}."]
     )
-    sentences, metrics = [], {}
+    paragraphs, metrics = [], {}
     for arm in others:
-        text, metrics[arm.name] = compare(arm, summaries[arm.name], ref, r)
-        sentences.append(text)
-    return lead + " ".join(sentences), metrics
+        figs = comparisons.get(arm.name, {})
+        metrics[arm.name] = {k: f.as_dict() for k, f in figs.items()}
+        paragraphs.append(arm_paragraph(arm.name, ref.name, figs, missing_figures(figs, target)))
+    projected = {}
+    for arm in others:
+        sentence = projection_sentence(
+            arm.name,
+            ref.name,
+            projections.get(arm.name),
+            comparisons.get(arm.name, {}).get("step_time_ratio"),
+        )
+        if sentence:
+            paragraphs.append(sentence)
+            projected[arm.name] = projections[arm.name]
+    metrics["projection"] = projected
+    paragraphs.append(METHOD.format(n_boot=n_boot, seed=seed, alpha=stats.EMA_ALPHA))
+    return "\n\n".join([" ".join([*lead, paragraphs[0]]), *paragraphs[1:]]), metrics

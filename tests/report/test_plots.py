@@ -7,6 +7,7 @@ from matplotlib.image import imread
 
 from marsrl.report.load import load_experiment
 from marsrl.report.plots import PLOTS, read_series_csv, write_plots
+from marsrl.report.stats import ema
 
 from .helpers import metric_rows, write_experiment
 
@@ -41,10 +42,21 @@ def test_csv_is_the_rows_and_png_decodes(built, name):
                 else:
                     assert p["y_low"] == pytest.approx(r[spec.y] - r[spec.se])
                     assert p["y_high"] == pytest.approx(r[spec.y] + r[spec.se])
+        if spec.smooth:  # the smoothed curve beside the raw one, from the same steps
+            assert [p["y_smooth"] for p in got] == pytest.approx(ema([_value(r, spec.y) for r in rows]))
     png = out / "report" / f"{name}.png"
     assert png.read_bytes()[:8] == PNG_MAGIC
     img = imread(png)
     assert img.shape[0] == 400 and img.shape[1] == 640 and img.std() > 0  # 6.4 x 4 in at 100 dpi, not blank
+
+
+def test_reward_plots_show_raw_and_smoothed(built):
+    assert {n for n, s in PLOTS.items() if s.smooth} == {"reward_step", "reward_wall"}
+    assert "EMA, alpha 0.1" in PLOTS["reward_step"].title and "raw" in PLOTS["reward_step"].title
+    out, _ = built
+    mars = [p for p in read_series_csv(out / "report" / "reward_step.csv") if p["arm"] == "mars"]
+    assert mars[0]["y_smooth"] == pytest.approx(mars[0]["y"])  # debiased: starts at the first reward
+    assert mars[-1]["y_smooth"] < mars[-1]["y"]  # a rising curve's average lags it
 
 
 def test_gaps_are_kept_in_the_csv(built):

@@ -176,8 +176,17 @@ def test_time_to_target_ratio():
     assert 0.3 < value < 0.7 and m["high"] < 1 and resolved(m["low"], m["high"], 1.0)
     value, m = time_to_target_interval((slow, dt), (slow, dt), 0.5, n_boot=1000)
     assert value == 1.0 and m["low"] <= 1.0 <= m["high"] and not resolved(m["low"], m["high"], 1.0)
+    value, m = time_to_target_interval((fast, dt), (slow, dt), 0.75, n_boot=1000)  # only fast gets there
+    assert m["ref_s"] is None and value == 0.0 and m["high"] < 1 and resolved(m["low"], m["high"], 1.0)
     value, m = time_to_target_interval((slow, dt), (slow, dt), 5.0, n_boot=100)  # nobody gets there
     assert math.isnan(value) and m["arm_reached"] == 0.0 and not resolved(m["low"], m["high"], 1.0)
+
+
+def test_percentile_interval_with_infinite_draws():
+    draws = np.array([0.5] * 90 + [np.inf] * 10 + [np.nan] * 7)  # NaN draws are left out
+    assert stats.percentile_interval(draws) == (0.5, np.inf)
+    assert stats.percentile_interval(np.array([1.0, 2.0, 3.0]), 0.5) == (1.5, 2.5)
+    assert all(math.isnan(x) for x in stats.percentile_interval(np.array([np.nan])))
 
 
 def test_amdahl():
