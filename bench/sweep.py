@@ -1,0 +1,304 @@
+"""Which GRPO settings make the tiny world's policy learn: a measured sweep of the strict arm.
+
+Each configuration is ``configs/grpo_tiny.yaml`` (or ``--config``) plus its overrides, trained as one
+strict arm (in-process rollout worker, wandb off) with ``marsrl.experiment.evaluate``'s held-out
+callback: accuracy at T = 1 (the rollout temperature GRPO optimises) and greedy on ``data.n_eval``
+problems, the same problems and sampling seed for every configuration, before training, every
+``eval.every`` steps and after. The after-vs-before comparison is paired over problems (exact McNemar
+p, paired-bootstrap 95% interval of the difference; see evaluate.py). The policy before training is
+the same for every configuration of a world, so it is evaluated once per world and reused.
+
+    python bench/sweep.py --probe                       # the SFT policy's T = 1 pass rate per problem
+    python bench/sweep.py --runs base lr1e-3            # named configurations (RUNS below)
+    python bench/sweep.py --runs base --set trainer.max_steps=10   # extra overrides on every run
+    python bench/sweep.py --list                        # the named configurations
+
+``--probe`` samples G completions of ``--probe-prompts`` training prompts at T = 1 and reports how many
+groups have mixed rewards (GRPO learns only from those: a group that is all right or all wrong has zero
+advantage). Results are merged into ``--out`` (default bench/results/sweep.json) under ``runs.<name>``
+and ``probe`` as each finishes, and the whole file is printed as JSON at the end. Per run: the
+overrides, before / after / curve accuracies with intervals, the paired tests, the training reward
+(first and last quarter of the steps), seconds of training and of evaluation, the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+# name -> overrides over the config file (``--set`` syntax); the first ones are the learning-rate and
+# batch axes, then KL, loss type, completion length, steps
+RUNS: dict[str, list[str]] = {
+    "base": [],
+    "lr1e-3": ["trainer.learning_rate=1.0e-3"],
+    "lr3e-3": ["trainer.learning_rate=3.0e-3"],
+    "lr1e-3_cos": [
+        "trainer.learning_rate=1.0e-3",
+        "trainer.lr_scheduler_type=cosine",
+        "trainer.warmup_steps=2",
+    ],
+    "lr1e-3_p8g8": ["trainer.learning_rate=1.0e-3", "trainer.per_device_train_batch_size=64"],
+    "lr1e-3_p4g16": [
+        "trainer.learning_rate=1.0e-3",
+        "trainer.per_device_train_batch_size=64",
+        "trainer.num_generations=16",
+    ],
+    "lr1e-3_beta0.04": ["trainer.learning_rate=1.0e-3", "trainer.beta=0.04"],
+    "lr1e-3_grpo": ["trainer.learning_rate=1.0e-3", "trainer.loss_type=grpo"],
+    "lr1e-3_bnpo": ["trainer.learning_rate=1.0e-3", "trainer.loss_type=bnpo"],
+    "lr1e-3_len96": ["trainer.learning_rate=1.0e-3", "trainer.max_completion_length=96"],
+    "lr1e-3_s40": ["trainer.learning_rate=1.0e-3", "trainer.max_steps=40"],
+}
+
+# every run: one strict arm, no Ray, no wandb, no checkpoints, no samples
+FIXED = [
+    "pool_backend=local",
+    "wandb.mode=disabled",
+    "samples_per_step=0",
+    "trainer.save_steps=100000",
+]
+
+
+def _load(config: str, overrides: list[str], out: Path):
+    from marsrl.experiment.config import ArmConfig, load_experiment
+
+    cfg = load_experiment(config, [*FIXED, f"output_dir={out}", *overrides])
+    return dataclasses.replace(cfg, arms=(ArmConfig("strict", rule="strict"),))
+
+
+def _eval_kwargs(cfg, args) -> dict:
+    from marsrl.experiment.evaluate import default_temperatures
+
+    return dict(
+        temperatures=default_temperatures(cfg.eval.temperatures),
+        max_new_tokens=cfg.eval.max_new_tokens or args.max_completion_length,
+        batch_size=cfg.eval.batch_size,
+        seed=cfg.seed if cfg.eval.seed is None else cfg.eval.seed,
+        chat_template_kwargs=dict(getattr(args, "chat_template_kwargs", None) or {}),
+    )
+
+
+def _brief(result: dict) -> dict:
+    """An evaluate_policy result without the per-problem lists (those stay in the curve files)."""
+    return {
+        name: ({k: v for k, v in r.items() if k != "correct"} if isinstance(r, dict) else r)
+        for name, r in result.items()
+    }
+
+
+def _before_key(cfg, sources, kw: dict) -> str:
+    return json.dumps(
+        [sources.model, cfg.data.n_eval, kw["temperatures"], kw["max_new_tokens"], kw["seed"]],
+        sort_keys=True,
+    )
+
+
+def run_one(name: str, overrides: list[str], config: str, work: Path, befores: dict) -> dict:
+    """Train the strict arm of one configuration; its figures (see the module docstring)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.trainer_callback import ProgressCallback
+
+    from marsrl.drafter import Eagle3Drafter
+    from marsrl.experiment.evaluate import HeldoutEvalCallback, compare_evals, evaluate_policy
+    from marsrl.experiment.run import build_pool, load_data, resolve_sources, reward_functions, trainer_args
+    from marsrl.trainer import MarsGRPOTrainer
+
+    torch.set_num_threads(1)
+    out = work / name
+    cfg = _load(config, overrides, work)
+    arm = cfg.arms[0]
+    t_setup = time.perf_counter()
+    sources = resolve_sources(cfg, progress=True)
+    data_ds, heldout = load_data(cfg, sources.world)
+    args = trainer_args(cfg, arm, out, use_wandb=False)
+    torch.manual_seed(cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(sources.model)
+    model = AutoModelForCausalLM.from_pretrained(sources.model)
+    drafter = None
+    if args.draft_refresh_every and sources.drafter:
+        drafter = Eagle3Drafter.from_pretrained(sources.drafter, target=model)
+    kw = _eval_kwargs(cfg, args)
+    key = _before_key(cfg, sources, kw)
+    if key not in befores:
+        befores[key] = evaluate_policy(model, tokenizer, heldout, **kw)
+    before = befores[key]
+    pool = build_pool(cfg, arm, sources)
+    torch.set_num_threads(1)
+    setup_s = time.perf_counter() - t_setup
+    try:
+        trainer = MarsGRPOTrainer(
+            model, reward_functions(cfg.rewards), args, data_ds, tokenizer, pool=pool, drafter=drafter
+        )
+        trainer.remove_callback(ProgressCallback)
+        callback = HeldoutEvalCallback(tokenizer, heldout, out, every=cfg.eval.every, before=before, **kw)
+        callback.attach(trainer)
+        started = time.perf_counter()
+        load0 = os.getloadavg()[0]
+        trainer.train()
+        wall = time.perf_counter() - started
+        load1 = os.getloadavg()[0]
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    steps = [r for r in trainer.state.log_history if "loss" in r and "reward" in r]
+    rewards = [r["reward"] for r in steps]
+    q = max(1, len(rewards) // 4)
+    eval_s = sum(r.get("seconds") or 0.0 for s, r in callback.results.items() if s > 0)
+    after = callback.final
+    curve = [
+        {"step": s, **{n: r[n]["accuracy"] for n in kw["temperatures"]}}
+        for s, r in sorted(callback.results.items())
+    ]
+    return {
+        "overrides": overrides,
+        "steps": len(steps),
+        "prompts_per_step": args.per_device_train_batch_size // args.num_generations,
+        "G": args.num_generations,
+        "before": _brief(before),
+        "after": _brief(after),
+        "paired": compare_evals(before, after),
+        "curve": curve,
+        "reward_first_quarter": statistics.fmean(rewards[:q]) if rewards else None,
+        "reward_last_quarter": statistics.fmean(rewards[-q:]) if rewards else None,
+        "reward_std_mean": _mean(steps, "reward_std"),
+        "zero_std_frac_mean": _mean(steps, "frac_reward_zero_std"),
+        "completion_length_mean": _mean(steps, "completions/mean_length"),
+        "train_and_eval_s": round(wall, 1),
+        "eval_during_s": round(eval_s, 1),
+        "train_s": round(wall - eval_s, 1),
+        "setup_s": round(setup_s, 1),
+        "step_seconds_median": _median(steps, "step_seconds"),
+        "loadavg_start_end": [round(load0, 2), round(load1, 2)],
+    }
+
+
+def _mean(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    return statistics.fmean(values) if values else None
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    return statistics.median(values) if values else None
+
+
+def probe(config: str, overrides: list[str], n_prompts: int, work: Path) -> dict:
+    """The SFT policy's T = 1 pass rate per training prompt, G completions each (the GRPO signal)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from marsrl.data import score
+    from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
+    from marsrl.experiment.evaluate import render_prompts
+    from marsrl.experiment.run import load_data, resolve_sources, trainer_args
+
+    torch.set_num_threads(1)
+    cfg = _load(config, overrides, work)
+    sources = resolve_sources(cfg, progress=True)
+    ds, _ = load_data(cfg, sources.world)
+    args = trainer_args(cfg, cfg.arms[0], work / "probe", use_wandb=False)
+    tok = AutoTokenizer.from_pretrained(sources.model)
+    model = AutoModelForCausalLM.from_pretrained(sources.model).eval()
+    rows = [{"prompt": ds[i]["prompt"], "gold": ds[i]["answer"]} for i in range(min(n_prompts, len(ds)))]
+    g = args.num_generations
+    started = time.perf_counter()
+    engine = SpeculativeEngine(model, None, EngineConfig(max_batch_size=256))
+    sp = SamplingParams(
+        temperature=args.temperature,
+        max_new_tokens=args.max_completion_length,
+        eos_token_id=tok.eos_token_id,
+        seed=cfg.seed,
+        n=g,
+    )
+    trajs = engine.generate(render_prompts(tok, rows), sp)
+    rates = []
+    lengths = [len(t.completion_ids) for t in trajs]
+    for i, r in enumerate(rows):
+        group = trajs[i * g : (i + 1) * g]
+        rates.append(
+            sum(score(tok.decode(t.completion_ids, skip_special_tokens=True), r["gold"]) for t in group) / g
+        )
+    hist = {f"{k}/{g}": sum(1 for x in rates if round(x * g) == k) for k in range(g + 1)}
+    return {
+        "overrides": overrides,
+        "prompts": len(rows),
+        "G": g,
+        "temperature": args.temperature,
+        "pass_rate_mean": statistics.fmean(rates),
+        "mixed_group_frac": sum(1 for x in rates if 0 < x < 1) / len(rates),
+        "pass_count_histogram": hist,
+        "completion_length_mean": statistics.fmean(lengths),
+        "truncated_frac": sum(n >= args.max_completion_length for n in lengths) / len(lengths),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def _line(key: str, r: dict) -> str:
+    b, a, p = r["before"], r["after"], r["paired"]
+    return (
+        f"{key}: t1 {b['t1']['accuracy']:.3f} -> {a['t1']['accuracy']:.3f} (McNemar p "
+        f"{p['t1']['p_two_sided']:.2g}), greedy {b['greedy']['accuracy']:.3f} -> "
+        f"{a['greedy']['accuracy']:.3f}, {r['train_and_eval_s']:.0f} s"
+    )
+
+
+def _merge(path: Path, update) -> dict:
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    update(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+    return data
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/grpo_tiny.yaml")
+    ap.add_argument("--runs", nargs="*", default=[], help=f"named configurations: {', '.join(RUNS)}")
+    ap.add_argument("--set", dest="sets", action="append", default=[], help="an override on every run")
+    ap.add_argument("--tag", default="", help="suffix of the result names (e.g. a world variant)")
+    ap.add_argument("--probe", action="store_true", help="the SFT policy's per-prompt pass rate at T = 1")
+    ap.add_argument("--probe-prompts", type=int, default=128)
+    ap.add_argument("--out", default="bench/results/sweep.json")
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args(argv)
+    if a.list:
+        print(json.dumps(RUNS, indent=2))
+        return 0
+    unknown = [r for r in a.runs if r not in RUNS]
+    if unknown:
+        ap.error(f"unknown run(s) {unknown}; one of {list(RUNS)}")
+    out = Path(a.out)
+    befores: dict = {}
+    with tempfile.TemporaryDirectory(prefix="marsrl-sweep-") as tmp:
+        work = Path(tmp)
+        if a.probe:
+            result = probe(a.config, a.sets, a.probe_prompts, work)
+            _merge(out, lambda d: d.setdefault("probe", {}).__setitem__(a.tag or "base", result))
+            print(json.dumps(result), file=sys.stderr)
+        for name in a.runs:
+            result = run_one(name, [*RUNS[name], *a.sets], a.config, work, befores)
+            result["config"] = a.config
+            key = name + a.tag
+            _merge(out, lambda d, key=key, result=result: d.setdefault("runs", {}).__setitem__(key, result))
+            print(_line(key, result), file=sys.stderr)
+    print(json.dumps(json.loads(out.read_text()) if out.is_file() else {}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
