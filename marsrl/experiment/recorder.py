@@ -1,7 +1,11 @@
 """The run's own files, written as training goes (nothing is lost if wandb fails or the run is killed):
 ``metrics.jsonl`` (every logged step, keys exactly as they reach wandb) and ``samples.jsonl`` (sample
 trajectories of each step with their per-token record). A resumed run first cuts both back to the
-checkpoint it resumes from, so the steps after it are written once."""
+checkpoint it resumes from, so the steps after it are written once.
+
+A sample's ``tokens`` are the decoded text of each completion token (``token_texts``): joined they are
+the completion exactly; ``gold`` and ``answer`` (the number parsed from the completion) sit beside its
+reward."""
 
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from transformers import TrainerCallback
 from transformers.integrations.integration_utils import rewrite_logs
 from transformers.trainer_callback import ProgressCallback
 
+from ..data import extract_answer, gold_value
+
 
 def _rows(path: Path) -> list[dict]:
     if not path.is_file():
@@ -27,6 +33,37 @@ def _write_rows(path: Path, rows: list[dict]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     os.replace(tmp, path)
+
+
+def token_texts(tokenizer, ids: list[int], skip_special_tokens: bool = True) -> list[str]:
+    """The text each token adds to ``tokenizer.decode(ids)``: ``"".join(token_texts(...))`` equals it.
+
+    Found by decoding every prefix of ``ids``: token i gets what ``decode(ids[:i + 1])`` adds to the text
+    so far.  When a longer prefix rewrites text already given out (the bytes of one character split over
+    several byte-level BPE tokens decode to U+FFFD until the last of them; a tokenizer's clean-up may
+    change spacing), that text is taken back from the tokens before, so the whole character goes to the
+    token that completes it and the earlier ones get "".  A special token skipped in decoding gets "".
+    Quadratic in len(ids) (a few hundred decodes of a completion: cheap beside the step).
+    """
+    texts: list[str] = []
+    shown = ""
+    for i in range(len(ids)):
+        full = tokenizer.decode(ids[: i + 1], skip_special_tokens=skip_special_tokens)
+        keep = 0
+        for a, b in zip(shown, full, strict=False):
+            if a != b:
+                break
+            keep += 1
+        extra = len(shown) - keep  # characters given out before that this prefix rewrites
+        j = len(texts) - 1
+        while extra > 0:
+            cut = min(extra, len(texts[j]))
+            texts[j] = texts[j][: len(texts[j]) - cut]
+            extra -= cut
+            j -= 1
+        texts.append(full[keep:])
+        shown = full
+    return texts
 
 
 def _clean(value):
@@ -91,18 +128,21 @@ class RunRecorder(TrainerCallback):
         for i, row in enumerate(batch["rows"][: self.samples_per_step]):
             n = int(batch["mask"][i].sum())
             ids = batch["completion_ids"][i, :n].tolist()
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            tokens = token_texts(self.tokenizer, ids)
+            text = "".join(tokens)
             out.append(
                 {
                     "step": step,
                     "prompt": _prompt_text(row.get("prompt")),
                     "completion": text,
-                    "tokens": self.tokenizer.convert_ids_to_tokens(ids),
+                    "tokens": tokens,
                     "token_ids": ids,
                     "provenance": list(row["provenance"][:n]),
                     "target_logprobs": list(row["target_logprobs"][:n]),
                     "behavior_logprobs": list(row["behavior_logprobs"][:n]),
                     "reward": self._reward(row, text, ids),
+                    "gold": _gold(row),
+                    "answer": extract_answer(text),
                 }
             )
         return out
@@ -128,6 +168,17 @@ class RunRecorder(TrainerCallback):
             return None
         tail = taus[-max(1, int(len(taus) * frac)) :]
         return sum(tail) / len(tail)
+
+
+def _gold(row: dict) -> str | None:
+    """The sample's gold answer as the reward compares it (the ``answer`` or ``gold`` column)."""
+    gold = row.get("answer", row.get("gold"))
+    if gold is None:
+        return None
+    try:
+        return gold_value(gold)
+    except ValueError:  # not a GSM8K answer: shown as given
+        return str(gold)
 
 
 def _prompt_text(prompt) -> str:
