@@ -24,10 +24,10 @@ mars_code at T = 0 is strict (the released code does not relax in greedy mode). 
 and greedy verification makes none).  mars_code refuses relax_prob != 1 (it reproduces released code).
 
 Behaviour under mars with relax_prob lam (closed form, chain): b(y) = p(y) + lam delta(y) - lam D res(y)
-(``../spec/mars.md``), so b >= (1 - lam) p and pi / b <= 1 / (1 - lam) at every position.
+(``docs/concepts.md``), so b >= (1 - lam) p and pi / b <= 1 / (1 - lam) at every position.
 
 Behaviour probabilities b (the chance the procedure emits y at a position, marginal over x ~ q) are the
-closed forms of ``../spec/mars.md``; the enumerated versions live in ``reference.py`` (tests compare).
+closed forms of ``docs/concepts.md``; the enumerated versions live in ``reference.py`` (tests compare).
 
 Departures of ``mars_code`` from the paper (kept on purpose, to reproduce the released numbers):
 no z1 > 0 guard (for z1 < 0, z2/z1 >= 1 and it relaxes even at theta >= 1); a top-1/top-2 draft at a
