@@ -78,18 +78,6 @@ def _load(config: str, overrides: list[str], out: Path):
     return dataclasses.replace(cfg, arms=(ArmConfig("strict", rule="strict"),))
 
 
-def _eval_kwargs(cfg, args) -> dict:
-    from marsrl.experiment.evaluate import default_temperatures
-
-    return dict(
-        temperatures=default_temperatures(cfg.eval.temperatures),
-        max_new_tokens=cfg.eval.max_new_tokens or args.max_completion_length,
-        batch_size=cfg.eval.batch_size,
-        seed=cfg.seed if cfg.eval.seed is None else cfg.eval.seed,
-        chat_template_kwargs=dict(getattr(args, "chat_template_kwargs", None) or {}),
-    )
-
-
 def _brief(result: dict) -> dict:
     """An evaluate_policy result without the per-problem lists (those stay in the curve files)."""
     return {
@@ -112,7 +100,12 @@ def run_one(name: str, overrides: list[str], config: str, work: Path, befores: d
     from transformers.trainer_callback import ProgressCallback
 
     from marsrl.drafter import Eagle3Drafter
-    from marsrl.experiment.evaluate import HeldoutEvalCallback, compare_evals, evaluate_policy
+    from marsrl.experiment.evaluate import (
+        HeldoutEvalCallback,
+        compare_evals,
+        eval_settings,
+        evaluate_policy,
+    )
     from marsrl.experiment.run import build_pool, load_data, resolve_sources, reward_functions, trainer_args
     from marsrl.trainer import MarsGRPOTrainer
 
@@ -130,7 +123,7 @@ def run_one(name: str, overrides: list[str], config: str, work: Path, befores: d
     drafter = None
     if args.draft_refresh_every and sources.drafter:
         drafter = Eagle3Drafter.from_pretrained(sources.drafter, target=model)
-    kw = _eval_kwargs(cfg, args)
+    kw = eval_settings(cfg, args)
     key = _before_key(cfg, sources, kw)
     if key not in befores:
         befores[key] = evaluate_policy(model, tokenizer, heldout, **kw)

@@ -185,6 +185,21 @@ def _binary(values: Sequence, name: str) -> list[int]:
 # ---------------------------------------------------------------------------------------- evaluation
 
 
+def eval_settings(cfg, args) -> dict:
+    """``evaluate_policy`` / ``HeldoutEvalCallback`` keyword arguments of an experiment: ``cfg.eval``'s
+    temperatures, batch size and seed (None: the experiment's), completions up to
+    ``cfg.eval.max_new_tokens`` (None: the trainer's ``max_completion_length``), prompts rendered with
+    the trainer's chat-template arguments."""
+    e = cfg.eval
+    return dict(
+        temperatures=default_temperatures(e.temperatures),
+        max_new_tokens=e.max_new_tokens or args.max_completion_length,
+        batch_size=e.batch_size,
+        seed=cfg.seed if e.seed is None else e.seed,
+        chat_template_kwargs=dict(getattr(args, "chat_template_kwargs", None) or {}),
+    )
+
+
 def render_prompts(tokenizer, problems: Sequence[Mapping], chat_template_kwargs: Mapping | None = None):
     """Token ids of each problem's ``prompt`` (chat messages) with the generation prompt."""
     kwargs = dict(chat_template_kwargs or {})

@@ -253,3 +253,21 @@ def test_callback_reuses_before_and_goes_first(policy, tmp_path):
     trainer = SimpleNamespace(callback_handler=SimpleNamespace(callbacks=["wandb", "recorder"]))
     cb.attach(trainer)
     assert trainer.callback_handler.callbacks[0] is cb
+
+
+def test_eval_settings_from_the_experiment_config():
+    from marsrl.experiment.config import load_experiment
+
+    args = SimpleNamespace(max_completion_length=77, chat_template_kwargs=None)
+    cfg = load_experiment(None, ["seed=5", "eval.batch_size=32"])
+    kw = ev.eval_settings(cfg, args)
+    assert kw == dict(
+        temperatures={"t1": 1.0, "greedy": 0.0},
+        max_new_tokens=77,
+        batch_size=32,
+        seed=5,
+        chat_template_kwargs={},
+    )
+    cfg = load_experiment(None, ["eval.seed=9", "eval.max_new_tokens=40", "eval.temperatures=[1.0]"])
+    kw = ev.eval_settings(cfg, args)
+    assert (kw["seed"], kw["max_new_tokens"], kw["temperatures"]) == (9, 40, {"t1": 1.0})
