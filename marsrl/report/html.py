@@ -1,8 +1,15 @@
-"""``completions.html``: sample completions of every arm, one span per token, relaxed tokens highlighted
-and each token's provenance, target log-prob and behaviour log-prob in its hover text (``title``).
+"""``completions.html``: sample completions of every arm as a person reads them.  Each token is a span
+of its decoded text (the recorder's ``tokens``: joined they are the completion, spaces and newlines
+included), relaxed tokens highlighted, each token's provenance, target log-prob and behaviour log-prob in
+its hover text (``title``).  A token that shows no text of its own (the first bytes of a character split
+over several tokens) shares the span of the token after it, whose hover text lists both; a trailing one
+(a special token such as EOS) is a grey mark.  Lines wrap (long tokens too), so the page never scrolls
+sideways.  Beside each sample's reward: its gold answer and the answer parsed from the completion.  A
+checkbox (CSS only, no script) shows relaxed tokens only: samples without one are hidden, other tokens
+greyed.
 
-All text from the samples (prompt, completion, tokens) is HTML-escaped.  PAD positions (provenance 0)
-are not shown.  A sample without a ``tokens`` list shows its completion text unhighlighted.
+All text from the samples is HTML-escaped.  PAD positions (provenance 0) are not shown.  A sample without
+a ``tokens`` list shows its completion text unhighlighted.
 """
 
 from __future__ import annotations
@@ -15,17 +22,25 @@ from .load import Arm, finite
 PROVENANCE_NAMES: dict[int, str] = {int(p): p.name.lower() for p in Provenance}
 
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em; max-width: 70em; }
+* { box-sizing: border-box; }
+body { font-family: system-ui, sans-serif; margin: 0 auto; padding: 1em 2em; max-width: 70em;
+       overflow-wrap: anywhere; }
 h2 { border-bottom: 1px solid #ccc; }
 .sample { margin: 1em 0; padding: 0.6em 0.8em; border: 1px solid #ddd; border-radius: 4px; }
 .meta { color: #555; font-size: 0.9em; }
-.prompt { white-space: pre-wrap; color: #333; background: #f6f6f6; padding: 0.3em; }
-.completion { white-space: pre-wrap; font-family: ui-monospace, monospace; line-height: 1.6; }
+.ok { color: #1a7f37; } .wrong { color: #b42318; }
+.prompt { white-space: pre-wrap; overflow-wrap: anywhere; color: #333; background: #f6f6f6;
+          padding: 0.3em; max-height: 8em; overflow-y: auto; }
+.completion { white-space: pre-wrap; overflow-wrap: anywhere; font-family: ui-monospace, monospace;
+              line-height: 1.6; }
 .tok:hover { outline: 1px solid #888; }
 .p-relaxed { background: #ffb347; }
 .p-resampled { text-decoration: underline dotted #1f77b4; }
 .p-bonus { background: #d6ecff; }
 .p-unknown { background: #eee; }
+.special { color: #999; font-size: 0.8em; }
+#only-relaxed:checked ~ main .sample:not(.has-relaxed) { display: none; }
+#only-relaxed:checked ~ main .tok:not(.p-relaxed) { color: #bbb; background: none; text-decoration: none; }
 """
 
 _INLINE = {  # the same highlighting for a standalone fragment (a wandb.Html cell has no stylesheet)
@@ -54,27 +69,65 @@ def _at(seq, i):
     return seq[i] if seq is not None and i < len(seq) else None
 
 
+def _pieces(sample: dict) -> list[tuple[str, list[int]]]:
+    """(text shown, positions of the tokens behind it): a token with no text joins the next one; PAD
+    positions are left out; trailing tokens with no text form a last piece with text ""."""
+    tokens, prov = sample.get("tokens") or [], sample.get("provenance") or []
+    out, waiting = [], []
+    for i, tok in enumerate(tokens):
+        if _at(prov, i) == int(Provenance.PAD):
+            continue
+        waiting.append(i)
+        if str(tok):
+            out.append((str(tok), waiting))
+            waiting = []
+    if waiting:
+        out.append(("", waiting))
+    return out
+
+
+_RANK = ("relaxed", "resampled", "bonus", "unknown", "accepted")  # the class a shared span takes
+
+
 def sample_html(sample: dict, standalone: bool = False) -> str:
     """The completion of one sample as token spans (``standalone``: inline styles instead of classes)."""
-    tokens = sample.get("tokens")
-    if not tokens:
+    if not sample.get("tokens"):
         return f'<span class="tok">{html.escape(str(sample.get("completion", "")))}</span>'
     prov = sample.get("provenance") or []
     target, behavior = sample.get("target_logprobs"), sample.get("behavior_logprobs")
     spans = []
-    for i, tok in enumerate(tokens):
-        code = _at(prov, i)
-        if code == int(Provenance.PAD):
-            continue
-        name = PROVENANCE_NAMES.get(code, "unknown") if code is not None else "unknown"
-        title = f"{name} · target log p {_lp(_at(target, i))} · behaviour log p {_lp(_at(behavior, i))}"
+    for text, where in _pieces(sample):
+        names, lines = [], []
+        for i in where:
+            code = _at(prov, i)
+            name = PROVENANCE_NAMES.get(code, "unknown") if code is not None else "unknown"
+            names.append(name)
+            line = f"{name} · target log p {_lp(_at(target, i))} · behaviour log p {_lp(_at(behavior, i))}"
+            if len(where) > 1 or not text:
+                line = f"token {i}: {line}"
+            lines.append(line)
+        name = min(names, key=_RANK.index)
+        title = "\n".join(lines) + ("" if text else "\n(no text: a special token)")
+        shown = html.escape(text) if text else "∎"
+        extra = "" if text else " special"
         if standalone:
             style = _INLINE.get(name)
             attr = f' style="{style}"' if style else ""
         else:
-            attr = f' class="tok p-{name}"'
-        spans.append(f'<span{attr} title="{html.escape(title)}">{html.escape(str(tok))}</span>')
+            attr = f' class="tok p-{name}{extra}"'
+        spans.append(f'<span{attr} title="{html.escape(title)}">{shown}</span>')
     return "".join(spans)
+
+
+def _answer_html(sample: dict) -> str:
+    """ " · gold X · parsed Y" with the parsed answer marked right or wrong; "" without a gold answer."""
+    gold, parsed = sample.get("gold"), sample.get("answer")
+    if gold is None and parsed is None:
+        return ""
+    esc = html.escape
+    mark = "ok" if parsed is not None and str(parsed) == str(gold) else "wrong"
+    parsed_text = "none" if parsed is None else esc(str(parsed))
+    return f' · gold {esc(str(gold))} · parsed <span class="{mark}">{parsed_text}</span>'
 
 
 def _relaxed_share(samples: list[dict]) -> float | None:
@@ -93,7 +146,10 @@ def completions_html(experiment: str, arms: list[Arm], per_arm: int = 20) -> str
         '<p class="meta">Hover a token for its provenance and log-probs. '
         '<span class="p-relaxed">relaxed</span> (kept only by the margin rule) · '
         '<span class="p-resampled">resampled</span> · <span class="p-bonus">bonus</span> · '
-        "accepted tokens are plain.</p>",
+        'accepted tokens are plain · <span class="special">∎</span> a token with no text (EOS).</p>',
+        '<input type="checkbox" id="only-relaxed"> '
+        '<label for="only-relaxed">show relaxed tokens only</label>',
+        "<main>",
     ]
     for arm in arms:
         shown = select_samples(arm.samples, per_arm)
@@ -109,12 +165,13 @@ def completions_html(experiment: str, arms: list[Arm], per_arm: int = 20) -> str
             reward_text = f"{reward:.4g}" if finite(reward) else "n/a"
             prov = [p for p in (s.get("provenance") or []) if p != int(Provenance.PAD)]
             relaxed = sum(p == int(Provenance.RELAXED) for p in prov)
+            has = " has-relaxed" if relaxed else ""
             parts.append(
-                '<div class="sample">'
-                f'<div class="meta">step {esc(str(s.get("step", "n/a")))} · reward {reward_text} · '
-                f"{len(prov)} tokens, {relaxed} relaxed</div>"
+                f'<div class="sample{has}">'
+                f'<div class="meta">step {esc(str(s.get("step", "n/a")))} · reward {reward_text}'
+                f"{_answer_html(s)} · {len(prov)} tokens, {relaxed} relaxed</div>"
                 f'<div class="prompt">{esc(str(s.get("prompt", "")))}</div>'
                 f'<div class="completion">{sample_html(s)}</div></div>'
             )
-    parts.append("</body></html>")
+    parts.append("</main></body></html>")
     return "\n".join(parts)
