@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .quiet import quiet
+
+    quiet()  # only the third-party notices marsrl understands (see marsrl/quiet.py)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
