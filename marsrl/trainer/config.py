@@ -39,6 +39,13 @@ class MarsGRPOConfig(GRPOConfig):
         draft_refresh_rows: completions of the batch (spread over it) the head trains on per refresh; the
             TTT unroll costs ~7 draft forwards a row, so a refresh on the whole batch can cost a third of a
             step (None: every row).
+        fuse_policy_forward: when the policy that made a generation batch is the one every training
+            forward on it runs (``num_iterations == 1`` and ``steps_per_generation`` dividing
+            ``gradient_accumulation_steps``: TRL's own condition for pi_old = pi), take the policy's
+            log-probs for the importance weights, and the final-norm hidden states for the top-1 / top-2
+            statistics, from the training forward itself (detached) and skip the separate no-grad forward.
+            A step with a draft refresh due, and evaluation, keep the separate forward (the refresh
+            trains on its features). False: always the separate forward.
         max_policy_lag: the largest allowed difference between the trainer's step and the policy version
             a trajectory was generated with; larger is an error, not silent staleness.
     """
@@ -72,6 +79,14 @@ class MarsGRPOConfig(GRPOConfig):
     draft_refresh_steps: int = field(default=1, metadata={"help": "Head optimizer steps per refresh."})
     draft_refresh_rows: int | None = field(
         default=8, metadata={"help": "Completions per refresh, spread over the batch (None: all)."}
+    )
+    fuse_policy_forward: bool = field(
+        default=True,
+        metadata={
+            "help": "With one policy per generation (num_iterations == 1, steps_per_generation dividing "
+            "gradient_accumulation_steps), take the IS log-probs and top-1/top-2 statistics from the "
+            "training forward instead of a separate no-grad forward (False: always the separate one)."
+        },
     )
     max_policy_lag: int = field(
         default=0,

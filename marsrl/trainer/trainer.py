@@ -8,20 +8,22 @@ What it adds to ``trl.GRPOTrainer`` (TRL 1.16, ``use_vllm=False``), all in one o
   (gathered from ZeRO-3 shards on every rank when partitioned) and, after a refresh, the EAGLE-3 head are
   sent to the pool with version = ``global_step``.
 - **Importance correction without vLLM.** TRL corrects only on its vLLM path. Here the policy's log-probs
-  of the rollout tokens come from a no-grad forward (TRL's own ``_get_per_token_logps_and_entropies``,
-  which TRL skips in this configuration), the weights from ``marsrl.algo.importance_weights`` against the
-  recorded BEHAVIOUR log-probs, and they are folded into the per-token advantages: for every clipped
-  surrogate, ``-min(c1·A·w, c2·A·w) = w·(-min(c1·A, c2·A))`` for w >= 0, which is exactly where TRL's vLLM
-  path multiplies its ratio (before the KL term, which stays unweighted). VESPO gets the ratio the way TRL
-  hands it over (``importance_sampling_ratio``).
+  of the rollout tokens come, when a generation serves one optimizer step (``num_iterations == 1``, no
+  reuse: TRL's own condition for pi_old = pi; ``fuse_policy_forward``), from the training forward of each
+  micro-batch itself (detached, folded in before TRL reads the advantages), and otherwise from a separate
+  no-grad forward (TRL's own ``_get_per_token_logps_and_entropies``). The weights come from
+  ``marsrl.algo.importance_weights`` against the recorded BEHAVIOUR log-probs and are folded into the
+  per-token advantages: for every clipped surrogate, ``-min(c1·A·w, c2·A·w) = w·(-min(c1·A, c2·A))`` for
+  w >= 0, which is exactly where TRL's vLLM path multiplies its ratio (before the KL term, which stays
+  unweighted). VESPO gets the ratio the way TRL hands it over (``importance_sampling_ratio``).
 - **Fail closed.** A lossy batch with ``is_correction="none"`` raises unless ``allow_uncorrected_lossy``;
   mass the behaviour cannot emit (``unsupported_mass``) warns once and is logged every step; a trajectory
   older than ``max_policy_lag`` versions is an error.
-- **Bias measured in the same forward.** A forward hook on the final norm keeps the hidden states of
-  that forward; one lm_head matmul over the completion positions gives the policy's top-1/top-2 there
-  (``marsrl.algo.token_stats``) and ``marsrl.algo.bias_metrics`` the ``bias/*`` family, gathered over
-  ranks. Feature pre-hooks on the head's three layers (``FeatureTap``) ride the same pass when a draft
-  refresh is due.
+- **Bias measured in the same forward.** A forward hook on the final norm keeps the (detached) hidden
+  states of that forward; one lm_head matmul over the completion positions gives the policy's
+  top-1/top-2 there (``marsrl.algo.token_stats``) and ``marsrl.algo.bias_metrics`` the ``bias/*``
+  family, gathered over ranks. Feature pre-hooks on the head's three layers (``FeatureTap``) ride the
+  separate forward when a draft refresh is due (such a step keeps it).
 
 Departures from TRL: the rollout's behaviour log-prob, not a vLLM top-1 log-prob, is the IS denominator;
 the draft head is trained online on rank 0's slice of the batch only (its features are local).
@@ -53,6 +55,7 @@ from ..verify.dist import sampling_logits
 from .config import MarsGRPOConfig
 from .stats import acceptance_by_position, is_lossy
 
+_FUSED_PREFIX = "marsrl_"  # record tensors a fused generation batch carries to _compute_loss
 CHECKPOINT_STATE = "marsrl_state.pt"  # the head, its optimizer, refresh and rollout counters
 CHECKPOINT_COMPLETE = "marsrl_complete.json"  # written last: a checkpoint without it was cut short
 
@@ -151,6 +154,7 @@ class MarsGRPOTrainer(GRPOTrainer):
         self._rollout_seconds = 0.0
         self._step_start: float | None = None
         self._batch_info: dict = {}
+        self._fused: dict | None = None  # the generation batch whose metrics wait for its micro-batches
         self.last_batch: dict | None = None  # rank 0: the last generation batch (rows, completion ids, mask)
         self.add_callback(_StepClock(self))
 
@@ -226,6 +230,22 @@ class MarsGRPOTrainer(GRPOTrainer):
             row = int(bad.any(dim=1).nonzero()[0])
             raise ValueError(f"behavior_logprobs of completion {row} has NaN at a completion token")
 
+        lengths = _record_lengths(rows, completion_mask, width)
+        record = {
+            "provenance": _pad_rows(rows, "provenance", lengths, width, 0, torch.int8),
+            "draft_position": _pad_rows(rows, "draft_position", lengths, width, -1, torch.long),
+            "unsupported_mass": _pad_rows(rows, "unsupported_mass", lengths, width, 0.0, torch.float32),
+        }
+        if self.accelerator.is_main_process:
+            self.last_batch = {"rows": rows, "completion_ids": completion_ids, "mask": mask_b}
+        if mode == "train" and not refresh and self._one_policy_per_generation():
+            # the training forward of each micro-batch supplies the policy's side (_compute_loss); the
+            # record travels with the batch (shuffled and split with it)
+            for key, value in record.items():
+                out[_FUSED_PREFIX + key] = value.to(completion_ids.device)
+            self._fused = {"rows": rows, "parts": [], "seconds": time.perf_counter() - started}
+            return out
+
         # the no-grad policy forward (TRL skips it with use_vllm=False), hidden states and taps on the side
         ids = torch.cat([out["prompt_ids"], completion_ids], dim=1)
         attn = torch.cat([out["prompt_mask"], completion_mask], dim=1)
@@ -238,33 +258,9 @@ class MarsGRPOTrainer(GRPOTrainer):
         forward_s = time.perf_counter() - forward_start
         if out.get("old_per_token_logps") is None:
             out["old_per_token_logps"] = old
-        stats = self._token_stats(torch.cat(cap["h"]), completion_ids, mask_b)
-
-        weights, is_metrics = importance_weights(
-            old,
-            behavior,
-            mask_b,
-            mode=self.args.is_correction,
-            clip_min=self.args.is_clip_min,
-            clip_max=self.args.is_clip_max,
-        )
-        if self.loss_type == "vespo":  # VESPO reads the ratio itself; TRL leaves 1 at masked positions
-            out["importance_sampling_ratio"] = torch.where(mask_b, weights, torch.ones_like(weights))
-        else:
-            out["advantages"] = out["advantages"].unsqueeze(1) * weights
-
-        lengths = _record_lengths(rows, completion_mask, width)
-        record = {
-            "provenance": _pad_rows(rows, "provenance", lengths, width, 0, torch.int8),
-            "draft_position": _pad_rows(rows, "draft_position", lengths, width, -1, torch.long),
-            "unsupported_mass": _pad_rows(rows, "unsupported_mass", lengths, width, 0.0, torch.float32),
-        }
-        if "filtered_mass" in stats:  # pi's mass off the top-k / top-p filter, and then off b's support
-            cut = stats["filtered_mass"].to(record["unsupported_mass"].device)
-            record["unsupported_mass"] = cut + (1 - cut) * record["unsupported_mass"]
-        metrics = self._batch_metrics(mode, old, behavior, stats, record, mask_b, rows)
-        for key, value in is_metrics.items():
-            metrics[f"correction/{key}"] = value
+        weights, stats, record = self._policy_side(old, behavior, mask_b, cap, completion_ids, record)
+        self._fold(out, weights, mask_b)
+        metrics = self._generation_metrics(mode, old, behavior, stats, record, mask_b, rows)
         # the no-grad forward TRL skips without vLLM, and the rest (weights, top-2 pass, statistics, taps)
         metrics["timing/policy_forward_seconds"] = forward_s
         metrics["timing/correction_seconds"] = time.perf_counter() - started - forward_s
@@ -275,9 +271,114 @@ class MarsGRPOTrainer(GRPOTrainer):
         metrics["draft/refreshes"] = float(self.draft_refreshes)
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
-        if self.accelerator.is_main_process:
-            self.last_batch = {"rows": rows, "completion_ids": completion_ids, "mask": mask_b}
         return out
+
+    # ------------------------------------------------------------------ one forward instead of two
+    def _one_policy_per_generation(self) -> bool:
+        """True when the policy that made a generation batch is the one every training forward on it
+        runs: TRL's own condition for skipping its old-log-prob forward (num_iterations == 1 and
+        steps_per_generation dividing gradient_accumulation_steps), and ``fuse_policy_forward``."""
+        args = self.args
+        return args.fuse_policy_forward and (
+            args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0
+        )
+
+    def _compute_loss(self, model, inputs):
+        """TRL's loss; on a fused batch its policy forward also yields, detached, the log-probs for the
+        importance weights (folded into ``inputs`` before TRL reads the advantages) and the final-norm
+        hidden states for the top-1 / top-2 statistics."""
+        if _FUSED_PREFIX + "provenance" not in inputs:
+            return super()._compute_loss(model, inputs)
+        name = "_get_per_token_logps_and_entropies"
+        forward = getattr(self, name)
+        shadowed = self.__dict__.get(name)  # an instance-level wrapper, if any, put back afterwards
+
+        def restore():
+            if shadowed is None:
+                self.__dict__.pop(name, None)
+            else:
+                self.__dict__[name] = shadowed
+
+        def first_forward(*args, **kwargs):
+            restore()  # only the policy's forward of this call
+            with self._capture(keep_full=False) as cap:
+                logps, entropies, aux = forward(*args, **kwargs)
+            self._fused_micro_batch(inputs, logps.detach(), cap)
+            return logps, entropies, aux
+
+        self.__dict__[name] = first_forward
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            restore()
+
+    def _fused_micro_batch(self, inputs: dict, old: torch.Tensor, cap: dict) -> None:
+        """Weights of one micro-batch from its training forward; the generation batch's metrics once its
+        last micro-batch went through (they equal the two-forward path's: every figure is over rows)."""
+        started = time.perf_counter()
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        mask = completion_mask if inputs.get("tool_mask") is None else completion_mask * inputs["tool_mask"]
+        mask_b = mask.bool()
+        behavior = inputs["sampling_per_token_logps"]
+        record = {k: inputs[_FUSED_PREFIX + k] for k in ("provenance", "draft_position", "unsupported_mass")}
+        weights, stats, record = self._policy_side(old, behavior, mask_b, cap, completion_ids, record)
+        self._fold(inputs, weights, mask_b)
+        state = self._fused
+        state["parts"].append((old, behavior, stats, record, mask_b))
+        state["seconds"] += time.perf_counter() - started
+        if len(state["parts"]) < self.args.steps_per_generation:
+            return
+        parts = state["parts"]
+        cat = lambda i: torch.cat([p[i] for p in parts])  # noqa: E731
+        joined = lambda i: {k: torch.cat([p[i][k] for p in parts]) for k in parts[0][i]}  # noqa: E731
+        metrics = self._generation_metrics(
+            "train", cat(0), cat(1), joined(2), joined(3), cat(4), state["rows"]
+        )
+        metrics["timing/policy_forward_seconds"] = 0.0
+        metrics["timing/correction_seconds"] = state["seconds"] + time.perf_counter() - started
+        metrics["draft/refreshes"] = float(self.draft_refreshes)
+        for key, value in metrics.items():
+            self._metrics["train"][key].append(value)
+        self._fused = None
+
+    def _policy_side(self, old, behavior, mask_b, cap, completion_ids, record):
+        """The importance weights [N, C], the policy's top-1 / top-2 statistics from the captured hidden
+        states, and the record with the filter's mass counted as unsupported."""
+        stats = self._token_stats(torch.cat(cap["h"]), completion_ids, mask_b)
+        weights, _ = importance_weights(
+            old,
+            behavior,
+            mask_b,
+            mode=self.args.is_correction,
+            clip_min=self.args.is_clip_min,
+            clip_max=self.args.is_clip_max,
+        )
+        if "filtered_mass" in stats:  # pi's mass off the top-k / top-p filter, and then off b's support
+            cut = stats["filtered_mass"].to(record["unsupported_mass"].device)
+            record = dict(record, unsupported_mass=cut + (1 - cut) * record["unsupported_mass"])
+        return weights, stats, record
+
+    def _fold(self, batch: dict, weights: torch.Tensor, mask_b: torch.Tensor) -> None:
+        """Put the weights where TRL's vLLM path applies its ratio (see the module docstring)."""
+        if self.loss_type == "vespo":  # VESPO reads the ratio itself; TRL leaves 1 at masked positions
+            batch["importance_sampling_ratio"] = torch.where(mask_b, weights, torch.ones_like(weights))
+        else:
+            advantages = batch["advantages"]
+            batch["advantages"] = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages) * weights
+
+    def _generation_metrics(self, mode, old, behavior, stats, record, mask_b, rows) -> dict:
+        metrics = self._batch_metrics(mode, old, behavior, stats, record, mask_b, rows)
+        _, is_metrics = importance_weights(
+            old,
+            behavior,
+            mask_b,
+            mode=self.args.is_correction,
+            clip_min=self.args.is_clip_min,
+            clip_max=self.args.is_clip_max,
+        )
+        for key, value in is_metrics.items():
+            metrics[f"correction/{key}"] = value
+        return metrics
 
     # ------------------------------------------------------------------ pieces of the override
     def _check_rows(self, rows: list[dict]) -> None:
@@ -327,6 +428,7 @@ class MarsGRPOTrainer(GRPOTrainer):
             if tap is not None:
                 tap.remove()
 
+    @torch.no_grad()
     def _token_stats(self, hidden: torch.Tensor, completion_ids: torch.Tensor, mask: torch.Tensor) -> dict:
         """The policy's log-prob, top-1 and top-2 at each completion position, from the captured hidden
         states: one lm_head matmul over the completion positions (fp32)."""

@@ -60,13 +60,15 @@ def _args(tmp, mode, loss_type, **extra):
 
 
 def _recording(trainer):
-    """Keep the inputs _compute_loss sees."""
+    """Keep the inputs _compute_loss used (read after the call: with one policy per generation
+    MarsGRPOTrainer folds the weights into them from the training forward itself)."""
     seen = []
     inner = trainer._compute_loss
 
     def wrapper(model, inputs):
+        loss = inner(model, inputs)
         seen.append({k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in inputs.items()})
-        return inner(model, inputs)
+        return loss
 
     trainer._compute_loss = wrapper
     return seen
