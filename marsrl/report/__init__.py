@@ -4,9 +4,10 @@ completions and a verdict in plain words.  It reads; it trains nothing and recom
 
 Modules: ``load`` (input folders and their errors), ``table`` (figures), ``stats`` (smoothing,
 bootstrap intervals, paired tests), ``compare`` (each arm against strict, with intervals, and the Amdahl
-projection), ``plots``, ``html`` (completions page), ``verdict``, ``wandb_io`` (reading offline runs, logging the report back),
-``build`` (runs them in order), ``cli``.  The names below are imported on first use, so that building
-the ``marsrl`` parser (``cli.add_report_parser``) imports neither torch, matplotlib nor wandb.
+projection), ``plots``, ``html`` (completions page), ``verdict``, ``wandb_io`` (reading offline runs,
+logging the report back), ``build`` (runs them in order), ``cli``.  The names below are imported on
+first use, so that building the ``marsrl`` parser (``cli.add_report_parser``) imports neither torch,
+matplotlib nor wandb.
 """
 
 from importlib import import_module

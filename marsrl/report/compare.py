@@ -35,6 +35,9 @@ BY_STEPS = "bootstrap over steps, paired by step"
 BY_PROBLEMS = "bootstrap over problems, paired by problem"
 BY_CURVES = "residual bootstrap of each arm's EMA-smoothed reward curve and step times"
 NEWCOMBE = "Newcombe's hybrid score interval, unpaired (eval.json has no per-problem outcomes)"
+MIN_RESAMPLED = 8
+"""A bootstrap over fewer steps (or problems) than this resolves nothing: with a handful of values the
+percentile interval is far too narrow (two steps give at most three distinct means)."""
 
 
 @dataclass
@@ -54,6 +57,8 @@ class Figure:
     @property
     def resolved(self) -> bool:
         if self.low is None or self.high is None:
+            return False
+        if self.interval != NEWCOMBE and self.n < MIN_RESAMPLED:
             return False
         return stats.resolved(self.low, self.high, self.null)
 

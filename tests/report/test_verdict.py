@@ -134,6 +134,15 @@ def test_aa_draws_resolve_at_the_nominal_rate():
     assert all(r <= 0.15 for r in rates.values()), rates
 
 
+def test_too_few_steps_resolve_nothing():
+    """Three steps of a 2x faster arm: the bootstrap's interval excludes 1, but three values are too few
+    for a percentile interval to mean 95%, so nothing is claimed."""
+    a = Arm("a", Path("a"), {"arm": {"rule": "strict"}}, _rows([0.1, 0.2, 0.3], 2.0))
+    b = Arm("b", Path("b"), {"arm": {"rule": "mars"}}, _rows([0.1, 0.2, 0.3], 1.0))
+    f = compare_arms(b, a, n_boot=200)["step_time_ratio"]
+    assert f.value == 0.5 and f.high < 1 and f.n == 3 and not f.resolved
+
+
 def test_no_strict_arm_and_single_arm():
     a = Arm("a", Path("a"), {"arm": {"rule": "mars"}}, _rows(MARS_REWARDS, 6.0))
     b = Arm("b", Path("b"), {"arm": {"rule": "mars_code"}}, _rows(STRICT_REWARDS, 1.0))
