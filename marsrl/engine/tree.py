@@ -32,7 +32,7 @@ class DraftTree:
 
 
 def draft_tree(eagle, cfg: TreeConfig, dtype: torch.dtype) -> DraftTree:
-    """Draft one tree per row with the engine's EAGLE state (see ``engine._EagleState``)."""
+    """Draft one tree per row with the engine's EAGLE state (``eagle_state.EagleState``)."""
     drafter = eagle.drafter
     h_root, lg_root = eagle.absorb()  # [B, H], [B, Vd]
     committed = eagle.cache.width

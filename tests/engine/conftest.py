@@ -16,3 +16,9 @@ def target(request):
 def small():
     """A V = 8 target for exact-distribution tests."""
     return tiny_target("qwen3", vocab=8, layers=4, seed=1)
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    """A V = 64, 4-layer Qwen3 with room for long prompts (the cache and planner tests)."""
+    return tiny_causal_lm("qwen3", vocab=64, layers=4, max_positions=1200, seed=0)

@@ -126,10 +126,14 @@ def run_case(family: str, cfg: EngineConfig | None, opts: dict) -> list[dict]:
     with _fake_clock() if opts.get("fake_clock") else _nothing():
         eng = SpeculativeEngine(target, drafter, cfg, cost_model=costs)
         if opts.get("calibrate"):  # a small grid, so the case stays quick
-            eng.cost_model = eng.calibrate(rows=[1, 8], repeats=2, cycles=1, span=8, repeat=1, prompts=PROMPTS)
+            eng.cost_model = eng.calibrate(
+                rows=[1, 8], repeats=2, cycles=1, span=8, repeat=1, prompts=PROMPTS
+            )
         for call in range(opts.get("calls", 1)):
             out = eng.generate(PROMPTS, SamplingParams(**sampling, seed=7 + call))
-            calls.append({"trajectories": [_trajectory(t) for t in out], "k_per_round": eng.stats["k_per_round"]})
+            calls.append(
+                {"trajectories": [_trajectory(t) for t in out], "k_per_round": eng.stats["k_per_round"]}
+            )
     return calls
 
 

@@ -32,7 +32,7 @@ def test_strict_greedy_equals_hf_generate(target, name):
 
 @pytest.mark.parametrize(
     "name",
-    # greedy-draft chains of a fixed K (then zero-length ones) are in test_engine_gpu_ready's auto case
+    # greedy-draft chains of a fixed K (then zero-length ones) are in test_engine_auto.py
     # tree_3x3: paths of up to 4 drafts cover the whole 3-token completion, 3 siblings a node (the 4x5
     # tree costs 2.5x the time for nothing this test can see)
     ["tree_3x3", "chain_k3_sampled_drafts", "chain_k5_confidence", "chain_k4_sampled_conf"],
