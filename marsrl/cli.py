@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"marsrl: config error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"marsrl {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

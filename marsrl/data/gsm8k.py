@@ -15,6 +15,7 @@ read "1000".  Left out on purpose: fractions ("3/4"), number words ("twelve"), u
 
 from __future__ import annotations
 
+import json
 import re
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -103,6 +104,35 @@ def _local_file(source: str) -> Path | None:
     return None
 
 
+def check_jsonl(path: Path) -> None:
+    """ValueError naming ``path`` and the line number of the first row that is not a JSON object with a
+    ``question`` and an ``answer`` holding ``#### <number>``; also for a file with no rows."""
+    rows = 0
+    with open(path, encoding="utf-8", errors="strict") as f:
+        try:
+            lines = list(enumerate(f, start=1))
+        except UnicodeDecodeError as err:
+            raise ValueError(f"file {str(path)!r} is not UTF-8 text ({err.reason})") from err
+    for number, line in lines:
+        if not line.strip():
+            continue
+        where = f"file {str(path)!r}, line {number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not valid JSON ({err.msg})") from err
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: expected a JSON object with 'question' and 'answer'")
+        for column in REQUIRED_COLUMNS:
+            if not isinstance(row.get(column), str):
+                raise ValueError(f"{where}: missing the text field {column!r}")
+        if extract_answer(row["answer"]) is None:
+            raise ValueError(f"{where}: field 'answer' has no '#### <number>'")
+        rows += 1
+    if rows == 0:
+        raise ValueError(f"file {str(path)!r} has no rows")
+
+
 def _with_gold(ds: datasets.Dataset, where: str) -> datasets.Dataset:
     missing = [c for c in REQUIRED_COLUMNS if c not in ds.column_names]
     if missing:
@@ -131,10 +161,17 @@ def load_gsm8k(source: str, split: str = "test", config: str | None = "main") ->
     path = _local_file(source)
     if path is not None:
         builder = _LOCAL_BUILDERS[path.suffix.lower()]
+        if path.suffix.lower() == ".jsonl":
+            check_jsonl(path)  # a bad row is named by its line number before datasets reads the file
+        elif path.stat().st_size == 0:
+            raise ValueError(f"file {str(path)!r} is empty")
         try:
             ds = datasets.load_dataset(builder, data_files=str(path), split="train")
-        except (datasets.exceptions.DatasetGenerationError, ValueError) as err:
-            raise ValueError(f"source {source!r}: could not read it as {builder}: {err}") from err
+        except Exception as err:  # datasets' readers raise many types (StopIteration, ArrowInvalid, ...)
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ValueError(f"file {str(path)!r}: could not read it as {builder}: {first}") from err
+        if len(ds) == 0:
+            raise ValueError(f"file {str(path)!r} has no rows")
         return _with_gold(ds, f"file {str(path)!r}")
     try:
         ds = datasets.load_dataset(source, config, split=split)

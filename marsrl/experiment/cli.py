@@ -23,7 +23,10 @@ def add_train_parser(sub) -> None:
         help="override one field, YAML-typed, dots into sections (repeatable): --set trainer.max_steps=5",
     )
     p.add_argument(
-        "--resume", action="store_true", help="continue a killed run from its last complete checkpoint"
+        "--resume",
+        action="store_true",
+        help="continue a stopped run: each arm from its newest whole checkpoint (one at the last step is "
+        "only evaluated; a finished arm is kept), then the report",
     )
     p.add_argument("--overwrite", action="store_true", help="delete an existing experiment folder first")
     p.add_argument(
@@ -39,7 +42,7 @@ def add_train_parser(sub) -> None:
 def _train(args: argparse.Namespace) -> int:
     from ..config import ConfigError
     from .config import load_experiment
-    from .run import ExperimentError, run_experiment
+    from .run import ExperimentError, Interrupted, fault_point, run_experiment
 
     try:
         cfg = load_experiment(args.config, args.set)
@@ -54,8 +57,19 @@ def _train(args: argparse.Namespace) -> int:
     except (ConfigError, ExperimentError) as err:
         print(f"marsrl train: {err}", file=sys.stderr)
         return 2
+    except Interrupted as err:
+        print(f"marsrl train: {err}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("marsrl train: interrupted; continue with --resume", file=sys.stderr)
+        return 130
     if args.no_report:
         return 0
     from ..report.cli import main as report_main
 
-    return report_main([str(root), "--wandb"] if cfg.wandb.mode != "disabled" else [str(root)])
+    try:
+        fault_point("report")
+        return report_main([str(root), "--wandb"] if cfg.wandb.mode != "disabled" else [str(root)])
+    except KeyboardInterrupt:
+        print("marsrl train: interrupted during the report; --resume writes it again", file=sys.stderr)
+        return 130

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,6 +143,9 @@ class ExperimentConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     samples_per_step: int = 4  # trajectories with their per-token record written to samples.jsonl per step
+    # torch threads of the trainer's process; None: the cores left beside the rollout workers (Ray backend:
+    # cores - num_actors x worker threads, at least 1; local backend: the worker's threads, else every core)
+    torch_threads: int | None = None
 
     def __post_init__(self):
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.experiment or ""):
@@ -158,6 +162,8 @@ class ExperimentConfig:
             )
         if self.samples_per_step < 0:
             raise ValueError(f"samples_per_step must be >= 0, got {self.samples_per_step}")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(f"torch_threads must be None or >= 1, got {self.torch_threads}")
         for key in ("rule", "theta", "relax_prob"):
             engine = (self.pool.get("worker") or {}).get("engine") or {}
             if key in engine:
@@ -220,6 +226,80 @@ def _check_pool_and_trainer_keys(pool: dict, trainer: dict, where: str) -> None:
     if unknown:
         raise ConfigError(
             f"{where} (trainer): unknown key(s) {unknown}; see MarsGRPOConfig / TRL's GRPOConfig"
+        )
+    _check_trainer_values(trainer, where)
+
+
+def _positive(v) -> bool:
+    return v > 0
+
+
+def _at_least_one(v) -> bool:
+    return v >= 1
+
+
+def _non_negative(v) -> bool:
+    return v >= 0
+
+
+# Trainer fields whose bad values TRL or torch would only reject after the model is loaded (or never):
+# field -> (test, what the value must be).
+_TRAINER_CHECKS: dict[str, tuple[Any, str]] = {
+    "learning_rate": (_positive, "> 0"),
+    "max_steps": (_positive, "> 0 (leave it unset to train for num_train_epochs)"),
+    "num_train_epochs": (_positive, "> 0"),
+    "num_generations": (lambda v: v >= 2, ">= 2 (GRPO's advantage compares completions within a group)"),
+    "per_device_train_batch_size": (_at_least_one, ">= 1"),
+    "gradient_accumulation_steps": (_at_least_one, ">= 1"),
+    "steps_per_generation": (_at_least_one, ">= 1"),
+    "num_iterations": (_at_least_one, ">= 1"),
+    "max_completion_length": (_at_least_one, ">= 1"),
+    "save_steps": (_positive, "> 0"),
+    "temperature": (_positive, "> 0 (the correction needs the sampling distribution's log-probs)"),
+    "beta": (_non_negative, ">= 0"),
+    "epsilon": (_non_negative, ">= 0"),
+    "weight_decay": (_non_negative, ">= 0"),
+    "max_grad_norm": (_non_negative, ">= 0"),
+    "warmup_ratio": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "warmup_steps": (_non_negative, ">= 0"),
+}
+
+
+# Trainer fields with a fixed set of values that TRL only checks inside its loss, mid-run.
+_TRAINER_CHOICES: dict[str, tuple[str, ...]] = {
+    "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"),
+    "importance_sampling_level": ("token", "sequence"),
+}
+
+
+def _check_trainer_values(trainer: dict, where: str) -> None:
+    """One ConfigError naming the file and ``trainer.<field>`` for a value TRL or torch would reject late,
+    and for a group size that does not divide the completions of one generation."""
+    from ..trainer.config import MarsGRPOConfig
+
+    for name, (test, must) in _TRAINER_CHECKS.items():
+        if name not in trainer or trainer[name] is None:
+            continue
+        value = trainer[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise ConfigError(f"{where}: trainer.{name} must be a number, got {value!r}")
+        if not test(value):
+            raise ConfigError(f"{where}: trainer.{name} must be {must}, got {value!r}")
+    for name, choices in _TRAINER_CHOICES.items():
+        if name in trainer and trainer[name] not in choices:
+            raise ConfigError(
+                f"{where}: trainer.{name} must be one of {list(choices)}, got {trainer[name]!r}"
+            )
+    defaults = {f.name: f.default for f in dataclasses.fields(MarsGRPOConfig)}
+    get = lambda k: trainer[k] if trainer.get(k) is not None else defaults[k]  # noqa: E731
+    steps = get("steps_per_generation") or get("gradient_accumulation_steps")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    batch = get("per_device_train_batch_size") * steps * world
+    if batch % get("num_generations"):
+        raise ConfigError(
+            f"{where}: trainer.num_generations ({get('num_generations')}) must divide the completions of "
+            f"one generation: per_device_train_batch_size {get('per_device_train_batch_size')} x "
+            f"steps_per_generation {steps} x {world} process(es) = {batch}"
         )
 
 

@@ -6,10 +6,16 @@ everything else; each arm is one MarsGRPOTrainer run that writes its own folder
         metrics.jsonl    every logged step, keys as they reach wandb (train/...), plus step and wall_s
         samples.jsonl    sample trajectories with their per-token record, per step
         eval.json        held-out accuracy before / after (95% Wilson interval) and tau at the end
-        checkpoints/     trainer checkpoints (a COMPLETE marker is written last; resume loads only those)
+        checkpoints/     trainer checkpoints (a marker listing every file's size and SHA-256 is written
+                         last; resume loads only a checkpoint that matches its marker)
         wandb_run        the path of the arm's wandb run folder (when wandb ran)
 
 and logs to wandb (``group`` = the experiment, ``job_type`` = the arm, ``name`` = <experiment>-<arm>).
+
+Everything a run can reject (config values, the data file, the sources' names) is checked before the
+output folder is made or any model is loaded. ``--resume`` continues each arm from its newest whole
+checkpoint; an arm whose checkpoint is at ``max_steps`` is not trained again (only its evaluation runs),
+and an arm with its final evaluation written is kept as it is.
 """
 
 from __future__ import annotations
@@ -19,16 +25,28 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..trainer.trainer import CHECKPOINT_COMPLETE as COMPLETE
+from ..trainer.checkpoint import CHECKPOINT_COMPLETE as COMPLETE
+from ..trainer.checkpoint import check_manifest, checkpoint_step
 from .config import TINYWORLD, ArmConfig, ExperimentConfig, dump_experiment
 
 
 class ExperimentError(RuntimeError):
     """A run that cannot go on (names the folder or setting at fault)."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C during an arm: the message says where training stood and how to go on."""
+
+    def __init__(self, arm: str | None, step: int | None):
+        where = f"arm {arm}, step {step}" if arm is not None and step is not None else "before training"
+        super().__init__(f"interrupted at {where}; continue with --resume")
+        self.arm, self.step = arm, step
 
 
 @dataclass
@@ -206,10 +224,32 @@ def arm_dir(cfg: ExperimentConfig, arm: ArmConfig) -> Path:
     return Path(cfg.output_dir) / cfg.experiment / arm.name
 
 
-def latest_checkpoint(folder: Path) -> Path | None:
-    """The newest checkpoint whose save completed (a killed save leaves no marker and is skipped)."""
-    done = [p for p in folder.glob("checkpoint-*") if (p / COMPLETE).is_file()]
-    return max(done, key=lambda p: int(p.name.split("-")[-1]), default=None)
+def latest_checkpoint(folder: Path, say=None) -> Path | None:
+    """The newest WHOLE checkpoint: its marker present and every file it lists there with the recorded
+    size and SHA-256. A save killed half way (no marker) is skipped quietly; a damaged checkpoint is
+    skipped with one line through ``say``. None when no save ever finished; ExperimentError naming the
+    folder when checkpoints finished but none is whole any more."""
+    say = say or (lambda line: print(line, file=sys.stderr))
+    found = [p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
+    marked = sorted((p for p in found if (p / COMPLETE).is_file()), key=checkpoint_step, reverse=True)
+    for path in marked:
+        fault = check_manifest(path)
+        if fault is None:
+            return path
+        say(f"marsrl train: not resuming from {path.name}: {fault}; trying the one before")
+    if marked:
+        raise ExperimentError(
+            f"{folder}: no whole checkpoint to resume from (pass --overwrite to start over)"
+        )
+    return None
+
+
+def _trained_to_the_end(ckpt: Path, args) -> bool:
+    """The checkpoint is at the run's last step (``args.max_steps``, else the step count it was saved
+    with): training it again would run one step past the end."""
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    end = args.max_steps if args.max_steps > 0 else state.get("max_steps", 0)
+    return end > 0 and checkpoint_step(ckpt) >= end
 
 
 def trainer_args(cfg: ExperimentConfig, arm: ArmConfig, out: Path, use_wandb: bool):
@@ -318,25 +358,70 @@ def run_arm(
         evals["before"] = evaluate(model, tokenizer, heldout, cfg, args, cfg.seed)
         _atomic_write(eval_path, json.dumps(evals, indent=2))
     pool = build_pool(cfg, arm, sources)
+    torch.set_num_threads(trainer_threads(cfg))  # after the pool: an in-process worker sets its own
+    trainer = None
     try:
         trainer = MarsGRPOTrainer(
             model, reward_functions(cfg.rewards), args, train_ds, tokenizer, pool=pool, drafter=drafter
         )
         recorder = RunRecorder(trainer, out, tokenizer, cfg.samples_per_step, resume_from=ckpt)
         trainer.add_callback(recorder)
+        trainer.add_callback(_fault_callback())
         trainer.remove_callback(ProgressCallback)
         if progress:
             trainer.add_callback(CompactProgress())
-        trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+        if ckpt is not None and _trained_to_the_end(ckpt, args):
+            # transformers would run one more step before it looks at max_steps: load the weights only
+            trainer._load_from_checkpoint(str(ckpt))
+            trainer.state.global_step = checkpoint_step(ckpt)
+            if progress:
+                print(f"{arm.name}: trained to step {trainer.state.global_step} before; evaluating")
+        else:
+            trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+        fault_point("eval_after")
         evals["after"] = evaluate(trainer.model, tokenizer, heldout, cfg, args, cfg.seed)
         evals["tau"] = recorder.final_tau()
         _atomic_write(eval_path, json.dumps(evals, indent=2))
+    except KeyboardInterrupt:
+        raise Interrupted(arm.name, None if trainer is None else trainer.state.global_step) from None
     finally:
         if pool is not None:
             pool.shutdown()
         if run is not None:
             run.finish()
     return evals
+
+
+def trainer_threads(cfg: ExperimentConfig) -> int:
+    """``cfg.torch_threads``, else the cores the rollout workers leave: with the Ray backend the actors run
+    beside the trainer (cores - num_actors x worker threads, at least 1); the local worker runs in turn
+    with the trainer in one process, so it takes the worker's threads, else every core."""
+    if cfg.torch_threads is not None:
+        return cfg.torch_threads
+    cores = os.cpu_count() or 1
+    worker = (cfg.pool.get("worker") or {}).get("torch_threads")
+    if cfg.pool_backend == "local":
+        return worker or cores
+    return max(1, cores - int(cfg.pool.get("num_actors", 1)) * (worker or 1))
+
+
+def fault_point(name: str) -> None:
+    """Fault injection for the resume tests: ``MARSRL_KILL_AT=<name>`` dies here like a SIGKILL."""
+    if os.environ.get("MARSRL_KILL_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fault_callback():
+    from transformers import TrainerCallback
+
+    class FaultInjection(TrainerCallback):
+        """``MARSRL_KILL_AT=log:<step>``: die once the step's metrics row is written, before its save."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                fault_point(f"log:{state.global_step}")
+
+    return FaultInjection()
 
 
 @contextlib.contextmanager
@@ -370,12 +455,12 @@ def run_experiment(
         raise ExperimentError(
             f"{root} already exists: pass --resume to continue it or --overwrite to replace it"
         )
+    data = check_inputs(cfg)  # every bad input fails here: no folder made, no model loaded
     if overwrite and root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True, exist_ok=True)
     _atomic_write(root / "config.yaml", dump_experiment(cfg))
     sources = resolve_sources(cfg, progress)
-    data = load_data(cfg, sources.world)
     say = print if progress else (lambda *a, **k: None)
     for i, arm in enumerate(cfg.arms):
         if resume and _arm_finished(cfg, arm):
@@ -389,6 +474,18 @@ def run_experiment(
         run_arm(cfg, arm, sources, data, resume, progress)
         say(f"[{i + 1}/{len(cfg.arms)}] {arm.name} done in {time.perf_counter() - started:.0f} s")
     return root
+
+
+def check_inputs(cfg: ExperimentConfig):
+    """What a run can reject before it makes a folder or loads a model: the sources' names, the data
+    (read whole: an empty file, a bad row by its line number), and every arm's trainer config as TRL
+    builds it. Returns the data (``load_data``'s pair)."""
+    sources = resolve_sources(cfg, progress=False, build=False)
+    data = load_data(cfg, sources.world)
+    with contextlib.redirect_stdout(sys.stderr):  # TRL's config may print notices: keep stdout clean
+        for arm in cfg.arms:
+            trainer_args(cfg, arm, Path(cfg.output_dir) / cfg.experiment / arm.name, use_wandb=False)
+    return data
 
 
 def _arm_finished(cfg: ExperimentConfig, arm: ArmConfig) -> bool:

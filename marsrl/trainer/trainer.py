@@ -33,9 +33,7 @@ Leaves out: tools / environments, multimodal prompts, PEFT (merge adapters befor
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
 import time
 import warnings
 from pathlib import Path
@@ -52,12 +50,13 @@ from ..engine import SamplingParams
 from ..integrations.trl import make_rollout_func, resolve_sampling
 from ..rollout.weights import gather_zero3_state_dict, is_zero3
 from ..verify.dist import sampling_logits
+from .checkpoint import CHECKPOINT_COMPLETE as CHECKPOINT_COMPLETE  # re-exported
+from .checkpoint import write_manifest
 from .config import MarsGRPOConfig
 from .stats import acceptance_by_position, is_lossy
 
 _FUSED_PREFIX = "marsrl_"  # record tensors a fused generation batch carries to _compute_loss
 CHECKPOINT_STATE = "marsrl_state.pt"  # the head, its optimizer, refresh and rollout counters
-CHECKPOINT_COMPLETE = "marsrl_complete.json"  # written last: a checkpoint without it was cut short
 
 
 class _StepClock(TrainerCallback):
@@ -569,9 +568,11 @@ class MarsGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model, trial):
-        """TRL's checkpoint, then the marsrl state (head, head optimizer, counters) and, last, a marker:
-        a save killed half way leaves no marker, and resume never loads it."""
+        """TRL's checkpoint, then the marsrl state (head, head optimizer, counters) and, last, a marker
+        listing every file's size and SHA-256 (``checkpoint.write_manifest``): a save killed half way
+        leaves no marker, a file damaged later fails the check, and resume loads neither."""
         super()._save_checkpoint(model, trial)
+        self.accelerator.wait_for_everyone()  # every rank's shard is on disk before the manifest lists it
         if not self.args.should_save:
             return
         folder = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
@@ -582,9 +583,7 @@ class MarsGRPOTrainer(GRPOTrainer):
             "rollout_calls": None if self._pool_rollout is None else self._pool_rollout.state["calls"],
         }
         torch.save(state, folder / CHECKPOINT_STATE)
-        marker = folder / CHECKPOINT_COMPLETE
-        marker.with_suffix(".tmp").write_text(json.dumps({"step": self.state.global_step}))
-        os.replace(marker.with_suffix(".tmp"), marker)
+        write_manifest(folder, self.state.global_step)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)

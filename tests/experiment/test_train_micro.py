@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -153,42 +156,93 @@ def test_existing_folder_is_refused_without_resume(experiment, capsys):
     assert len(err) == 1 and "--resume" in err[0] and "Traceback" not in err[0]
 
 
+def _numbers_equal(a: dict, b: dict, where) -> None:
+    for key, value in a.items():
+        if _is_timing(key) or not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        assert b[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (where, key)
+
+
 def test_resume_after_a_kill_equals_an_uninterrupted_run(experiment, tmp_path):
-    """SIGKILL after step 2 (a checkpoint at step 2), resume: rows of steps 3-4 equal an uninterrupted run's
-    (the shared experiment's mars_l0.9 arm; every key but wall-clock ones, to 1e-6 relative: CPU,
-    deterministic; the killed run is a fresh process with one arm, wandb off and a smaller eval, none of
-    which the training rows depend on)."""
+    """One arm killed (SIGKILL) at every point a run can stop, then resumed, until it finishes; every
+    resume picks up exactly where the last whole state was, and the outcome equals the shared
+    uninterrupted experiment's mars_l0.9 arm on every non-timing value (to 1e-6 relative: CPU,
+    deterministic; the killed runs are fresh processes with one arm and wandb off, which the training rows
+    and the evaluation do not depend on). The kills, in order:
+
+    1. after the checkpoint of step 2 (a mid-run save);
+    2. after the LAST step's metrics row, before its checkpoint: the resume retrains steps 3-4 from step 2;
+    3. after the final checkpoint (step 4), then that checkpoint's weights are cut to half: the resume
+       says so in one line, falls back to step 2 and trains 3-4 again;
+    4. during the final evaluation: the resume loads step 4 and trains nothing;
+    5. during the report: every arm is finished and kept, only the report is written.
+    """
     arm = "arms=[{name: mars_l0.9, rule: mars, relax_prob: 0.9}]"
-    common = [
-        sys.executable,
-        "-m",
-        "marsrl",
-        "train",
-        "--config",
-        CONFIG,
-        "--set",
-        arm,
-        "--set",
-        "wandb.mode=disabled",
-        "--set",
-        "data.n_eval=16",  # the eval is not what this test checks; 200 problems x 2 x 3 runs cost ~30 s
-        "--no-progress",
-        "--no-report",
-    ]
-    env = dict(os.environ, MARSRL_KILL_AFTER_STEP="2")
-    killed = subprocess.run(
-        [*common, "--set", f"output_dir={tmp_path / 'b'}"], env=env, capture_output=True, text=True
-    )
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    resumed = subprocess.run(
-        [*common, "--set", f"output_dir={tmp_path / 'b'}", "--resume"], capture_output=True, text=True
-    )
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    out = tmp_path / "b"
+    common = [sys.executable, "-m", "marsrl", "train", "--config", CONFIG, "--set", arm]
+    common += ["--set", "wandb.mode=disabled", "--set", f"output_dir={out}", "--no-progress"]
+    folder = out / "grpo_micro" / "mars_l0.9"
+
+    def run(*extra, kill: dict | None = None, code: int = -9):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MARSRL_KILL")}
+        done = subprocess.run([*common, *extra], env={**env, **(kill or {})}, capture_output=True, text=True)
+        assert done.returncode == code, (kill, done.stderr[-3000:])
+        return done
+
+    run("--no-report", kill={"MARSRL_KILL_AFTER_STEP": "2"})
+    assert [r["step"] for r in _rows(folder / "metrics.jsonl")] == [1, 2]
+    run("--no-report", "--resume", kill={"MARSRL_KILL_AT": "log:4"})
+    assert [r["step"] for r in _rows(folder / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert not (folder / "checkpoints" / "checkpoint-4").exists()
+    run("--no-report", "--resume", kill={"MARSRL_KILL_AFTER_STEP": "4"})
+    weights = folder / "checkpoints" / "checkpoint-4" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    damaged = run("--no-report", "--resume", kill={"MARSRL_KILL_AT": "eval_after"})
+    said = [line for line in damaged.stderr.splitlines() if "not resuming from checkpoint-4" in line]
+    assert len(said) == 1 and "model.safetensors" in said[0], damaged.stderr[-3000:]
+    evaluating = run("--resume", kill={"MARSRL_KILL_AT": "report"}, code=-9)
+    assert "not resuming" not in evaluating.stderr
+    assert "after" in json.loads((folder / "eval.json").read_text())
+    run("--resume", code=0)
+
     a = _rows(experiment / "mars_l0.9" / "metrics.jsonl")
-    b = _rows(tmp_path / "b" / "grpo_micro" / "mars_l0.9" / "metrics.jsonl")
+    b = _rows(folder / "metrics.jsonl")
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     for ra, rb in zip(a, b, strict=True):
-        for key, value in ra.items():
-            if _is_timing(key) or not isinstance(value, (int, float)) or isinstance(value, bool):
-                continue
-            assert rb[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (ra["step"], key)
+        _numbers_equal(ra, rb, ra["step"])
+    sa, sb = _rows(experiment / "mars_l0.9" / "samples.jsonl"), _rows(folder / "samples.jsonl")
+    assert [s["step"] for s in sb] == [s["step"] for s in sa]
+    for x, y in zip(sa, sb, strict=True):
+        assert x["token_ids"] == y["token_ids"] and x["provenance"] == y["provenance"]
+    ea = json.loads((experiment / "mars_l0.9" / "eval.json").read_text())
+    eb = json.loads((folder / "eval.json").read_text())
+    for when in ("before", "after"):
+        _numbers_equal(ea[when], eb[when], when)
+    assert eb["tau"] == pytest.approx(ea["tau"], rel=1e-6)
+    steps = sorted(int(p.name.split("-")[1]) for p in (folder / "checkpoints").glob("checkpoint-*"))
+    assert steps and max(steps) == 4
+    assert (out / "grpo_micro" / "report" / "verdict.txt").is_file()
+
+
+def test_ctrl_c_stops_with_one_line_and_a_whole_checkpoint(tmp_path):
+    """SIGINT once the step-2 checkpoint is written: exit 130, the last stderr line says where it stopped
+    and how to go on, and the newest complete checkpoint still matches its manifest."""
+    from marsrl.trainer.checkpoint import check_manifest
+
+    out = tmp_path / "c"
+    cmd = [sys.executable, "-m", "marsrl", "train", "--config", CONFIG, "--set", f"output_dir={out}"]
+    cmd += ["--set", "arms=[{name: strict}]", "--set", "wandb.mode=disabled", "--set", "data.n_eval=8"]
+    cmd += ["--set", "trainer.max_steps=50", "--no-progress", "--no-report"]
+    marker = out / "grpo_micro" / "strict" / "checkpoints" / "checkpoint-2" / "marsrl_complete.json"
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while not marker.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    said = r"marsrl train: interrupted at arm strict, step \d+; continue with --resume"
+    assert re.fullmatch(said, last), last
+    assert "Traceback" not in err
+    assert check_manifest(marker.parent) is None
