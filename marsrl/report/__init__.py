@@ -2,10 +2,11 @@
 (or in wandb offline runs) — a side-by-side table, plots with their data, highlighted sample
 completions and a verdict in plain words.  It reads; it trains nothing and recomputes no model output.
 
-Modules: ``load`` (input folders and their errors), ``table`` (figures), ``stats`` (smoothing,
+Modules: ``base`` (the input error, what counts as a number), ``wandb_read`` (reading wandb run
+folders), ``load`` (input folders and their errors), ``table`` (figures), ``stats`` (smoothing,
 bootstrap intervals, paired tests), ``compare`` (each arm against strict, with intervals, and the Amdahl
-projection), ``plots``, ``html`` (completions page), ``verdict``, ``wandb_io`` (reading offline runs,
-logging the report back), ``build`` (runs them in order), ``cli``.  The names below are imported on
+projection), ``plots``, ``html`` (completions page), ``verdict``, ``wandb_log`` (logging the report
+back into the runs), ``build`` (runs them in order), ``cli``.  The names below are imported on
 first use, so that building the ``marsrl`` parser (``cli.add_report_parser``) imports neither torch,
 matplotlib nor wandb.
 """
@@ -15,13 +16,13 @@ from importlib import import_module
 _EXPORTS = {
     "Arm": "load",
     "Experiment": "load",
-    "ReportError": "load",
+    "ReportError": "base",
     "load_experiment": "load",
     "Report": "build",
     "build_report": "build",
-    "log_report_to_wandb": "wandb_io",
-    "read_wandb_history": "wandb_io",
-    "read_wandb_run": "wandb_io",
+    "log_report_to_wandb": "wandb_log",
+    "read_wandb_history": "wandb_read",
+    "read_wandb_run": "wandb_read",
 }
 __all__ = sorted(_EXPORTS)
 

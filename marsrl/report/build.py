@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import stats
+from .base import ReportError, finite
 from .compare import compare_arms, projection
-from .load import REPORT_DIR, Experiment, ReportError, finite, load_experiment
+from .load import REPORT_DIR, Experiment, load_experiment
 from .plots import write_plots
 from .table import FINAL_FRAC, comparison_cells, format_markdown, summarize_arm, table_cells, table_json
 from .verdict import reference_arm, verdict
@@ -77,7 +78,7 @@ def build_report(
     (out / "completions.html").write_text(completions_html(exp.name, exp.arms, samples_per_arm))
     report = Report(exp, out, summaries, table, text, metrics, plots, skipped, comparisons, target)
     if to_wandb:
-        from .wandb_io import log_report_to_wandb
+        from .wandb_log import log_report_to_wandb
 
         report.wandb_runs = log_report_to_wandb(out, exp.arms, max_samples=samples_per_arm)
     return report

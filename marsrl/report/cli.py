@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .load import ReportError
+from .base import ReportError
 from .table import FINAL_FRAC
 
 

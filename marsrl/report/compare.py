@@ -24,7 +24,8 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from . import stats
-from .load import Arm, finite
+from .base import finite
+from .load import Arm
 
 PUBLISHED_SHARES = (0.91, 0.98)
 PUBLISHED_SOURCE = (

@@ -17,7 +17,8 @@ from __future__ import annotations
 import html
 
 from ..verify.types import Provenance
-from .load import Arm, finite
+from .base import finite
+from .load import Arm
 
 PROVENANCE_NAMES: dict[int, str] = {int(p): p.name.lower() for p in Provenance}
 

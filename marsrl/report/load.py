@@ -23,20 +23,17 @@ line, for JSON Lines and YAML).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
+
+from .base import ReportError
+from .wandb_read import find_run_dirs, history_to_metrics, is_run_dir, merge_runs, read_wandb_run
 
 ARM_FILES = ("metrics.jsonl", "config.yaml", "wandb_run")
 """Any of these makes a sub-folder of an experiment an arm."""
 REPORT_DIR = "report"
-
-
-class ReportError(ValueError):
-    """An input the report cannot use; the message is one line naming the file (and line)."""
 
 
 @dataclass
@@ -68,11 +65,6 @@ class Experiment:
     name: str
     path: Path
     arms: list[Arm]
-
-
-def finite(value: Any) -> bool:
-    """True for a real number that is not NaN or infinite (bools and None are not numbers here)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _numbered_jsonl(path: Path) -> list[tuple[int, dict]]:
@@ -162,8 +154,6 @@ def load_arm(folder: Path) -> Arm:
     if (folder / "metrics.jsonl").is_file():
         rows = read_metrics(folder / "metrics.jsonl")
     elif wandb_run is not None and wandb_run.is_dir():
-        from .wandb_io import history_to_metrics, read_wandb_run
-
         wrun = read_wandb_run(wandb_run)
         rows, run = history_to_metrics(wrun.history), wrun.identity()
     else:
@@ -181,8 +171,6 @@ def load_arm(folder: Path) -> Arm:
 
 
 def _arms_from_wandb(run_dirs: list[Path]) -> list[Arm]:
-    from .wandb_io import history_to_metrics, merge_runs, read_wandb_run
-
     arms = []
     for wrun in merge_runs([read_wandb_run(d) for d in run_dirs]):
         arm_cfg = wrun.config.get("arm")
@@ -235,8 +223,6 @@ def _unique_names(arms: list[Arm]) -> None:
 
 def load_experiment(path: str | Path) -> Experiment:
     """An experiment folder (one sub-folder per arm), a wandb run folder, or a folder of wandb runs."""
-    from .wandb_io import find_run_dirs, is_run_dir
-
     folder = Path(path)
     if not folder.exists():
         raise ReportError(f"{folder}: no such folder")

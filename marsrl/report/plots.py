@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import stats
-from .load import Arm, finite
+from .base import finite
+from .load import Arm
 
 
 @dataclass(frozen=True)

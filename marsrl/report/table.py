@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .load import Arm, finite
+from .base import finite
+from .load import Arm
 
 FINAL_FRAC = 0.2
 

@@ -8,7 +8,7 @@ import pytest
 
 from marsrl.report import build_report, log_report_to_wandb, read_wandb_history, read_wandb_run
 from marsrl.report.load import load_experiment
-from marsrl.report.wandb_io import history_to_metrics, named_for_run, read_wandb_runs
+from marsrl.report.wandb_read import history_to_metrics, named_for_run, read_wandb_runs
 
 from .helpers import logged_to_wandb, metric_rows, same, samples, write_experiment
 

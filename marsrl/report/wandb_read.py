@@ -1,22 +1,22 @@
-"""wandb both ways: read finished (offline or synced) run folders without a server, and log a report's
-plots and completions back into each arm's run.
+"""Read finished (offline or synced) wandb run folders without a server: a run's identity, config,
+history and summary, and its history as ``metrics.jsonl`` rows.  Logging a report back into the runs
+is ``wandb_log``'s.
 
-Reading.  wandb 0.31 has no local datastore API and offline runs write no ``wandb-summary.json``
-(``../shared/spec/trl-trainer.md`` section 6), so ``run-<id>.wandb`` is parsed here directly: a 7-byte
-header (``:W&B``, magic 0xBEE1 little-endian, version), then 32 KiB blocks of chunks, each a 7-byte
-header (crc32 u32, length u16, type u8: 1 full, 2 first, 3 middle, 4 last) and its data; a block's last
-< 7 bytes are zero padding.  Each assembled record is a ``wandb.proto.wandb_internal_pb2.Record``.
-Departures: CRCs are not checked, and a truncated final chunk (a run still writing, or killed) ends the
-log instead of raising.  A run is ``finished`` once its log holds the exit record.  wandb's service writes
-the log asynchronously: right after ``run.finish()`` returns, the file can still hold only its header
-(seen for ~0.1 s after the first run of a process), so a reader of a run that just ended passes
-``wait_s``.  Pure Python, no subprocess: ``wandb leet inspect --json`` gives the same records
-but takes over a second per run.
+wandb 0.31 has no local datastore API and offline runs write no ``wandb-summary.json``, so
+``run-<id>.wandb`` is parsed here directly (``marsrl report`` reads such folders as an experiment's
+arms: ``docs/experiment.md``, "What a run writes"): a 7-byte header (``:W&B``, magic 0xBEE1
+little-endian, version), then 32 KiB blocks of chunks, each a 7-byte header (crc32 u32, length u16,
+type u8: 1 full, 2 first, 3 middle, 4 last) and its data; a block's last < 7 bytes are zero padding.
+Each assembled record is a ``wandb.proto.wandb_internal_pb2.Record``.  Departures: CRCs are not
+checked, and a truncated final chunk (a run still writing, or killed) ends the log instead of raising.
+A run is ``finished`` once its log holds the exit record.  wandb's service writes the log
+asynchronously: right after ``run.finish()`` returns, the file can still hold only its header (seen for
+~0.1 s after the first run of a process), so a reader of a run that just ended passes ``wait_s``.  Pure
+Python, no subprocess: ``wandb leet inspect --json`` gives the same records but takes over a second per
+run.
 
-Writing.  An offline run cannot be reopened in place: ``wandb.init(id=..., resume="allow")`` in offline
-mode starts a new ``offline-run-*-<id>`` folder beside the original.  That folder carries the original's
-project, group, job type, tags and name, and logs at one step past the original's last, so
-``wandb sync`` appends it to the same run.  ``read_wandb_runs`` merges such folders back by id.
+A run resumed offline (``wandb_log``) is a second ``offline-run-*-<id>`` folder beside the original;
+``read_wandb_runs`` merges such folders back by id.
 """
 
 from __future__ import annotations
@@ -26,15 +26,12 @@ import math
 import re
 import struct
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .load import ReportError, finite
-
-if TYPE_CHECKING:
-    from .load import Arm
+from .base import ReportError, finite
 
 _IDENT = b":W&B"
 _MAGIC = 0xBEE1
@@ -291,134 +288,3 @@ def history_to_metrics(history: list[dict]) -> list[dict]:
         if finite(wall):
             row["wall_s"] = max(float(wall), row.get("wall_s", -math.inf))
     return [merged[s] for s in sorted(merged)]
-
-
-def completions_table(arm: Arm, max_samples: int = 50):
-    """A ``wandb.Table`` of the arm's sample completions, one row per sample, with per-token provenance
-    (codes and names), both log-prob lists and an HTML cell with relaxed tokens highlighted."""
-    import wandb
-
-    from .html import PROVENANCE_NAMES, sample_html, select_samples
-
-    columns = [
-        "step",
-        "prompt",
-        "completion",
-        "reward",
-        "relaxed_tokens",
-        "tokens",
-        "provenance",
-        "provenance_names",
-        "target_logprobs",
-        "behavior_logprobs",
-        "highlighted",
-    ]
-    table = wandb.Table(columns=columns, allow_mixed_types=True)
-    for s in select_samples(arm.samples, max_samples):
-        prov = [int(p) for p in s.get("provenance") or []]
-        table.add_data(
-            s.get("step"),
-            str(s.get("prompt", "")),
-            str(s.get("completion", "")),
-            s.get("reward"),
-            sum(p == 2 for p in prov),
-            json.dumps(s.get("tokens") or []),
-            json.dumps(prov),
-            json.dumps([PROVENANCE_NAMES.get(p, str(p)) for p in prov]),
-            json.dumps(s.get("target_logprobs") or []),
-            json.dumps(s.get("behavior_logprobs") or []),
-            wandb.Html(sample_html(s, standalone=True), inject=False, data_is_not_path=True),
-        )
-    return table
-
-
-def _figures_table(table_json: dict):
-    import wandb
-
-    arms = table_json.get("arms", [])
-    rows = [[r["label"], *(r["cells"].get(a, "n/a") for a in arms)] for r in table_json.get("rows", [])]
-    return wandb.Table(columns=["figure", *arms], data=rows)
-
-
-def _payload(report_dir: Path, arm: Arm, max_samples: int) -> tuple[dict, dict]:
-    """(what to log, what to put in the summary) for one arm's run."""
-    import wandb
-
-    payload: dict[str, Any] = {
-        f"report/{png.stem}": wandb.Image(str(png), caption=png.stem)
-        for png in sorted(report_dir.glob("*.png"))
-    }
-    payload["report/completions"] = completions_table(arm, max_samples)
-    summary: dict[str, Any] = {}
-    if (report_dir / "table.json").is_file():
-        table_json = json.loads((report_dir / "table.json").read_text())
-        payload["report/table"] = _figures_table(table_json)
-        figures = table_json.get("figures", {}).get(arm.name, {})
-        summary.update({f"report/figure/{k}": v for k, v in figures.items() if finite(v)})
-    if (report_dir / "verdict.txt").is_file():
-        summary["report/verdict"] = (report_dir / "verdict.txt").read_text().strip()
-    return payload, summary
-
-
-_RESUME_WAIT_S = 2.0  # for a run that has just finished; a crashed run (no exit record) costs this once
-
-
-def _resume_offline(run_dir: Path):
-    """Start a run continuing ``run_dir``'s id (see the module docstring); returns (run, step to log at)."""
-    import wandb
-
-    original = read_wandb_run(run_dir, wait_s=_RESUME_WAIT_S)
-    same_id = [d for d in find_run_dirs(run_dir.parent) if named_for_run(d.name, original.id)]
-    last = max([original.last_step, *(read_wandb_run(d).last_step for d in same_id)])
-    root = run_dir.parent.parent if run_dir.parent.name == "wandb" else run_dir.parent
-    run = wandb.init(
-        id=original.id,
-        resume="allow",
-        project=original.project or None,
-        name=original.name or None,
-        group=original.group or None,
-        job_type=original.job_type or None,
-        tags=original.tags or None,
-        dir=str(root),
-        mode="offline" if run_dir.name.startswith("offline-run-") else None,
-        reinit="create_new",
-    )
-    return run, last + 1
-
-
-def log_report_to_wandb(
-    report_dir: str | Path,
-    arms: list[Arm],
-    runs: Mapping[str, Any] | None = None,
-    max_samples: int = 50,
-) -> dict[str, Path]:
-    """Log a written report into each arm's wandb run: every ``*.png`` of ``report_dir`` as a
-    ``wandb.Image`` (``report/<plot>``), the arm's completions as a ``wandb.Table``
-    (``report/completions``), the side-by-side figures as ``report/table``; in the run summary the arm's
-    figures (``report/figure/<key>``) and the verdict (``report/verdict``).
-
-    ``runs`` maps arm names to live run objects, which are logged into and left open.  Other arms are
-    resumed by id from their wandb run folder (``arm.wandb_run``) and finished; arms with neither are
-    skipped.  Returns arm name -> the run folder written.
-    """
-    report_dir = Path(report_dir)
-    runs = runs or {}
-    written: dict[str, Path] = {}
-    for arm in arms:
-        live = runs.get(arm.name)
-        if live is None and (arm.wandb_run is None or not is_run_dir(arm.wandb_run)):
-            continue
-        payload, summary = _payload(report_dir, arm, max_samples)
-        if live is not None:
-            live.log(payload)
-            live.summary.update(summary)
-            written[arm.name] = Path(live.dir).parent
-            continue
-        run, step = _resume_offline(arm.wandb_run)
-        try:
-            run.log(payload, step=step)
-            run.summary.update(summary)
-            written[arm.name] = Path(run.dir).parent
-        finally:
-            run.finish()
-    return written
