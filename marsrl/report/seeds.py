@@ -1,0 +1,95 @@
+"""Aggregate an experiment run at several seeds (``seeds: [0, 1, 2]``): every figure of each seed's
+report, its mean over the seeds and a 95% interval across seeds (Student's t on the per-seed values, n - 1
+degrees of freedom: the seeds are the independent replicates; within-seed intervals are each seed's own
+report). Pure functions over the seeds' ``table.json`` contents; ``write_seed_report`` writes
+``seeds.json`` and ``seeds.md``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+# two-sided 95% Student t quantiles t_{0.975, df}, df = 1..30; larger df use the normal quantile
+_T975 = (
+    12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281,
+    2.2010, 2.1788, 2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860,
+    2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423,
+)  # fmt: skip
+_Z975 = 1.959964
+
+
+def t_quantile(df: int) -> float:
+    """t_{0.975, df} (the 95% two-sided quantile); the normal's past df = 30."""
+    if df < 1:
+        raise ValueError(f"df must be >= 1, got {df}")
+    return _T975[df - 1] if df <= len(_T975) else _Z975
+
+
+def across_seeds(values: list[float]) -> dict:
+    """Mean of the per-seed values with a 95% t interval (None with fewer than two seeds) and whether
+    the interval excludes ``null`` is left to the caller."""
+    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    n = len(xs)
+    if n == 0:
+        return {"mean": None, "low": None, "high": None, "n": 0, "sd": None}
+    mean = sum(xs) / n
+    if n < 2:
+        return {"mean": mean, "low": None, "high": None, "n": 1, "sd": None}
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    half = t_quantile(n - 1) * sd / math.sqrt(n)
+    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n, "sd": sd}
+
+
+def aggregate(tables: dict[str, dict]) -> dict:
+    """{"seeds": [...], "comparisons": {arm: {key: {"per_seed": {seed: value}, "null", "label",
+    **across_seeds, "resolved"}}}} from each seed's table.json (``tables``: {seed label: content})."""
+    seeds = list(tables)
+    out: dict = {"seeds": seeds, "interval": "Student t over the per-seed values (95%)", "comparisons": {}}
+    arms: dict[str, dict] = {}
+    for seed, table in tables.items():
+        for arm, figures in (table.get("comparisons") or {}).items():
+            for key, fig in figures.items():
+                slot = arms.setdefault(arm, {}).setdefault(
+                    key, {"label": fig.get("label", key), "null": fig.get("null"), "per_seed": {}}
+                )
+                slot["per_seed"][seed] = fig.get("value")
+    for figures in arms.values():
+        for slot in figures.values():
+            stats = across_seeds([slot["per_seed"].get(s) for s in seeds])
+            slot.update(stats)
+            null = slot["null"]
+            slot["resolved"] = (
+                stats["low"] is not None and null is not None and not (stats["low"] <= null <= stats["high"])
+            )
+    out["comparisons"] = arms
+    return out
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.4g}"
+
+
+def format_markdown(agg: dict, experiment: str) -> str:
+    """One table per arm: each figure's per-seed values, the mean and its interval across seeds."""
+    seeds = agg["seeds"]
+    lines = [f"# {experiment}: {len(seeds)} seeds", "", f"Intervals: {agg['interval']}.", ""]
+    for arm, figures in agg["comparisons"].items():
+        lines += [f"## {arm} vs the reference", ""]
+        lines.append("| figure | " + " | ".join(seeds) + " | mean [95% CI] | resolved |")
+        lines.append("|---|" + "---:|" * len(seeds) + "---:|:---:|")
+        for slot in figures.values():
+            per = " | ".join(_fmt(slot["per_seed"].get(s)) for s in seeds)
+            ci = f"{_fmt(slot['mean'])} [{_fmt(slot['low'])}, {_fmt(slot['high'])}]"
+            lines.append(f"| {slot['label']} | {per} | {ci} | {'yes' if slot['resolved'] else 'no'} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_seed_report(root: Path, tables: dict[str, dict], out_dir: Path) -> dict:
+    """Write ``seeds.json`` and ``seeds.md`` into ``out_dir``; returns the aggregate."""
+    agg = aggregate(tables)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "seeds.json").write_text(json.dumps(agg, indent=2))
+    (out_dir / "seeds.md").write_text(format_markdown(agg, Path(root).name) + "\n")
+    return agg
