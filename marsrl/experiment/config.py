@@ -122,12 +122,22 @@ class WandbConfig:
 
 
 @dataclass(frozen=True)
+class ReportConfig:
+    """What the report compares that must be fixed before the run."""
+
+    target_reward: float | None = None  # the reward level whose time to reach (EMA-smoothed) is compared
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """``marsrl train``: the strict-vs-MARS GRPO experiment."""
 
     experiment: str = "grpo_tiny"
     output_dir: str = "outputs"
     seed: int = 0
+    # several seeds: every arm once per seed, into <output_dir>/<experiment>/seed-<s>/<arm>/, and the
+    # report aggregates over them; None: the one ``seed``, into <output_dir>/<experiment>/<arm>/
+    seeds: tuple[int, ...] | None = None
     model: str = "tinyworld:default"  # a folder, a hub id, or tinyworld:<preset>
     drafter: str | None = (
         "tinyworld:default"  # EAGLE-3 head folder / hub id / tinyworld:<preset>; None: plain
@@ -142,6 +152,9 @@ class ExperimentConfig:
     arms: tuple[ArmConfig, ...] = DEFAULT_ARMS
     eval: EvalConfig = field(default_factory=EvalConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+    # repeats of the interleaved per-step rollout timing after training (timing.json; 0: none)
+    timing_repeats: int = 8
     samples_per_step: int = 4  # trajectories with their per-token record written to samples.jsonl per step
     # torch threads of the trainer's process; None: the cores left beside the rollout workers (Ray backend:
     # cores - num_actors x worker threads, at least 1; local backend: the worker's threads, else every core)
@@ -162,6 +175,10 @@ class ExperimentConfig:
             )
         if self.samples_per_step < 0:
             raise ValueError(f"samples_per_step must be >= 0, got {self.samples_per_step}")
+        if self.seeds is not None and (not self.seeds or len(set(self.seeds)) != len(self.seeds)):
+            raise ValueError(f"seeds must be None or distinct integers, got {list(self.seeds)}")
+        if self.timing_repeats < 0:
+            raise ValueError(f"timing_repeats must be >= 0, got {self.timing_repeats}")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"torch_threads must be None or >= 1, got {self.torch_threads}")
         for key in ("rule", "theta", "relax_prob"):
@@ -172,12 +189,20 @@ class ExperimentConfig:
             if key in self.trainer:
                 raise ValueError(f"trainer.{key} is set by the experiment (arms / output_dir / wandb / seed)")
 
+    @property
+    def seed_list(self) -> tuple[int, ...]:
+        return self.seeds if self.seeds is not None else (self.seed,)
+
+    def for_seed(self, seed: int) -> ExperimentConfig:
+        """This experiment at one of its seeds (``seeds`` kept: the run folder layout follows it)."""
+        return dataclasses.replace(self, seed=seed)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (tuples as lists): for config.yaml and wandb's config."""
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
 
-_SECTIONS = {"data": DataConfig, "eval": EvalConfig, "wandb": WandbConfig}
+_SECTIONS = {"data": DataConfig, "eval": EvalConfig, "wandb": WandbConfig, "report": ReportConfig}
 
 
 def build_experiment(values: dict[str, Any], where: str) -> ExperimentConfig:

@@ -377,7 +377,8 @@ class HeldoutEvalCallback(TrainerCallback):
     def evaluate(self, model) -> dict:
         return evaluate_policy(model, self.tokenizer, self.problems, prompts=self.prompts, **self.kwargs)
 
-    def _record(self, step: int, result: Mapping) -> None:
+    def record(self, step: int, result: Mapping) -> None:
+        """Keep one evaluation of ``step`` and append it to eval_curve.jsonl."""
         self.results[step] = dict(result)
         with self.path.open("a") as f:
             f.write(json.dumps(curve_row(step, result)) + "\n")
@@ -393,7 +394,7 @@ class HeldoutEvalCallback(TrainerCallback):
         if not state.is_world_process_zero or 0 in self.results or state.global_step > 0:
             return
         result = self.before if self.before is not None else self.evaluate(model)
-        self._record(0, result)
+        self.record(0, result)
         _wandb_log(args, 0, result)  # no step's log to ride on: straight to the run, at global step 0
 
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
@@ -402,7 +403,7 @@ class HeldoutEvalCallback(TrainerCallback):
         step = state.global_step
         if step in self._schedule and step not in self.results:
             result = self.evaluate(model)
-            self._record(step, result)
+            self.record(step, result)
             self._pending.update(log_keys(result))
         if self._pending:
             logs.update(self._pending)
@@ -412,7 +413,7 @@ class HeldoutEvalCallback(TrainerCallback):
         # a run that stopped before its last scheduled step still ends with an evaluation
         if state.is_world_process_zero and state.global_step not in self.results:
             result = self.evaluate(model)
-            self._record(state.global_step, result)
+            self.record(state.global_step, result)
             _wandb_log(args, state.global_step, result)
 
 

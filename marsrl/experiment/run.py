@@ -34,6 +34,7 @@ from pathlib import Path
 from ..trainer.checkpoint import CHECKPOINT_COMPLETE as COMPLETE
 from ..trainer.checkpoint import check_manifest, checkpoint_step
 from .config import TINYWORLD, ArmConfig, ExperimentConfig, dump_experiment
+from .timing import AA_SUFFIX, TIMING_FILE, measure, timing_record, write_timing
 
 
 class ExperimentError(RuntimeError):
@@ -201,8 +202,8 @@ def start_wandb(cfg: ExperimentConfig, arm: ArmConfig, out: Path, resolved: dict
             entity=cfg.wandb.entity,
             group=cfg.experiment,
             job_type=arm.name,
-            name=f"{cfg.experiment}-{arm.name}",
-            tags=arm.tags,
+            name=run_name(cfg, arm),
+            tags=[*arm.tags, f"seed:{cfg.seed}"],
             config=resolved,
             dir=str(out),
             mode=mode,
@@ -220,8 +221,19 @@ def start_wandb(cfg: ExperimentConfig, arm: ArmConfig, out: Path, resolved: dict
 # ---------------------------------------------------------------------------------------- one arm
 
 
+def seed_root(cfg: ExperimentConfig) -> Path:
+    """The folder of one seed's arms: <output_dir>/<experiment>, or .../seed-<seed> with several seeds."""
+    root = Path(cfg.output_dir) / cfg.experiment
+    return root / f"seed-{cfg.seed}" if cfg.seeds is not None else root
+
+
 def arm_dir(cfg: ExperimentConfig, arm: ArmConfig) -> Path:
-    return Path(cfg.output_dir) / cfg.experiment / arm.name
+    return seed_root(cfg) / arm.name
+
+
+def run_name(cfg: ExperimentConfig, arm: ArmConfig) -> str:
+    """The arm's wandb run name: <experiment>-<arm>, with -seed<s> when the experiment has several seeds."""
+    return f"{cfg.experiment}-{arm.name}" + (f"-seed{cfg.seed}" if cfg.seeds is not None else "")
 
 
 def latest_checkpoint(folder: Path, say=None) -> Path | None:
@@ -261,7 +273,7 @@ def trainer_args(cfg: ExperimentConfig, arm: ArmConfig, out: Path, use_wandb: bo
     fields.update(cfg.trainer)
     fields.update(
         output_dir=str(out / "checkpoints"),
-        run_name=f"{cfg.experiment}-{arm.name}",
+        run_name=run_name(cfg, arm),
         report_to=["wandb"] if use_wandb else "none",
         is_correction=arm.is_correction,
         seed=cfg.seed,
@@ -327,6 +339,7 @@ def run_arm(
 
     from ..drafter import Eagle3Drafter
     from ..trainer import MarsGRPOTrainer
+    from .evaluate import HeldoutEvalCallback, compare_evals, eval_settings, evaluate_policy
     from .recorder import CompactProgress, RunRecorder
 
     out = arm_dir(cfg, arm)
@@ -354,8 +367,11 @@ def run_arm(
             drafter = Eagle3Drafter.from_pretrained(sources.drafter, target=model)
     eval_path = out / "eval.json"
     evals = json.loads(eval_path.read_text()) if resume and eval_path.is_file() else {}
+    settings = eval_settings(cfg, args)
     if "before" not in evals:
-        evals["before"] = evaluate(model, tokenizer, heldout, cfg, args, cfg.seed)
+        evals["before"] = _before_training(
+            cfg, settings, lambda: evaluate_policy(model, tokenizer, heldout, **settings)
+        )
         _atomic_write(eval_path, json.dumps(evals, indent=2))
     pool = build_pool(cfg, arm, sources)
     torch.set_num_threads(trainer_threads(cfg))  # after the pool: an in-process worker sets its own
@@ -366,6 +382,15 @@ def run_arm(
         )
         recorder = RunRecorder(trainer, out, tokenizer, cfg.samples_per_step, resume_from=ckpt)
         trainer.add_callback(recorder)
+        heldout_cb = HeldoutEvalCallback(
+            tokenizer,
+            heldout,
+            out,
+            every=cfg.eval.every,
+            before=evals["before"],
+            resume_step=checkpoint_step(ckpt) if ckpt else 0,
+            **settings,
+        ).attach(trainer)  # first: its eval/... metrics ride on the step's log
         trainer.add_callback(_fault_callback())
         trainer.remove_callback(ProgressCallback)
         if progress:
@@ -379,9 +404,15 @@ def run_arm(
         else:
             trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
         fault_point("eval_after")
-        evals["after"] = evaluate(trainer.model, tokenizer, heldout, cfg, args, cfg.seed)
-        evals["tau"] = recorder.final_tau()
-        _atomic_write(eval_path, json.dumps(evals, indent=2))
+        if is_main_process():  # the evaluations ran on the main process (HeldoutEvalCallback)
+            step = trainer.state.global_step
+            if step not in heldout_cb.results:
+                heldout_cb.record(step, heldout_cb.evaluate(trainer.model))
+            evals["after"] = heldout_cb.results[step]
+            evals["after_step"] = step
+            evals["comparison"] = compare_evals(evals["before"], evals["after"])
+            evals["tau"] = recorder.final_tau()
+            _atomic_write(eval_path, json.dumps(evals, indent=2))
     except KeyboardInterrupt:
         raise Interrupted(arm.name, None if trainer is None else trainer.state.global_step) from None
     finally:
@@ -390,6 +421,22 @@ def run_arm(
         if run is not None:
             run.finish()
     return evals
+
+
+def _before_training(cfg: ExperimentConfig, settings: dict, compute) -> dict:
+    """The initial policy's held-out result, computed once per experiment: every arm starts from the same
+    policy and evaluates the same problems with the same seed (kept in <experiment>/eval_before.json with
+    the settings it was made with)."""
+    path = seed_root(cfg) / "eval_before.json"
+    key = json.loads(json.dumps({**settings, "n": cfg.data.n_eval, "model": cfg.model}))
+    if path.is_file():
+        kept = json.loads(path.read_text())
+        if kept.get("settings") == key:
+            return kept["result"]
+    result = compute()
+    if is_main_process():
+        _atomic_write(path, json.dumps({"settings": key, "result": result}))
+    return result
 
 
 def trainer_threads(cfg: ExperimentConfig) -> int:
@@ -462,18 +509,61 @@ def run_experiment(
     _atomic_write(root / "config.yaml", dump_experiment(cfg))
     sources = resolve_sources(cfg, progress)
     say = print if progress else (lambda *a, **k: None)
-    for i, arm in enumerate(cfg.arms):
-        if resume and _arm_finished(cfg, arm):
-            say(f"[{i + 1}/{len(cfg.arms)}] {arm.name}: finished before, kept")
-            continue
-        say(
-            f"[{i + 1}/{len(cfg.arms)}] training arm {arm.name} (rule {arm.rule}, theta {arm.theta}, "
-            f"lambda {arm.relax_prob}, correction {arm.is_correction})"
-        )
-        started = time.perf_counter()
-        run_arm(cfg, arm, sources, data, resume, progress)
-        say(f"[{i + 1}/{len(cfg.arms)}] {arm.name} done in {time.perf_counter() - started:.0f} s")
+    seeds = cfg.seed_list
+    for seed in seeds:
+        scfg = cfg.for_seed(seed)
+        at = f" (seed {seed})" if cfg.seeds is not None else ""
+        for i, arm in enumerate(cfg.arms):
+            if resume and _arm_finished(scfg, arm):
+                say(f"[{i + 1}/{len(cfg.arms)}] {arm.name}{at}: finished before, kept")
+                continue
+            say(
+                f"[{i + 1}/{len(cfg.arms)}] training arm {arm.name}{at} (rule {arm.rule}, theta {arm.theta}, "
+                f"lambda {arm.relax_prob}, correction {arm.is_correction})"
+            )
+            started = time.perf_counter()
+            run_arm(scfg, arm, sources, data, resume, progress)
+            say(f"[{i + 1}/{len(cfg.arms)}] {arm.name}{at} done in {time.perf_counter() - started:.0f} s")
+    if cfg.timing_repeats and is_main_process() and not (resume and (root / TIMING_FILE).is_file()):
+        say(f"timing every arm's rollout, interleaved ({cfg.timing_repeats} repeats)")
+        try:
+            run_timing(cfg.for_seed(seeds[0]), sources, data, root, progress)
+        except KeyboardInterrupt:
+            raise Interrupted(None, None) from None
     return root
+
+
+def run_timing(cfg: ExperimentConfig, sources: Sources, data, root: Path, progress: bool = True) -> dict:
+    """Every arm's rollout of one training step, interleaved (``timing.measure``) on the initial policy
+    and drafter, with an A/A copy of the reference (first) arm; writes <root>/timing.json."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from ..integrations.trl import resolve_sampling
+    from ..rollout import LocalPool
+    from .evaluate import render_prompts
+    from .recorder import _rows
+
+    reference = cfg.arms[0]
+    args = trainer_args(cfg, reference, arm_dir(cfg, reference), use_wandb=False)
+    tokenizer = AutoTokenizer.from_pretrained(sources.model)
+    group = int(args.num_generations)
+    n_prompts = max(1, int(args.per_device_train_batch_size) // group)
+    train_ds, _ = data
+    problems = [{"prompt": train_ds[i]["prompt"]} for i in range(n_prompts)]
+    prompt_ids = render_prompts(tokenizer, problems, getattr(args, "chat_template_kwargs", None))
+    base = resolve_sampling(args, eos_token_ids=[tokenizer.eos_token_id])
+    sampling = dataclasses.replace(base, n=group, seed=cfg.seed)
+    pools = {arm.name: LocalPool(pool_config(cfg, arm, sources).worker) for arm in cfg.arms}
+    pools[reference.name + AA_SUFFIX] = LocalPool(pool_config(cfg, reference, sources).worker)
+    torch.set_num_threads(trainer_threads(cfg))
+    for pool in pools.values():  # warm-up: first-call allocations stay out of the figures
+        pool.generate(prompt_ids[:1], dataclasses.replace(sampling, n=1))
+    arms = measure(pools, prompt_ids, sampling, cfg.timing_repeats, say=print if progress else None)
+    rows = _rows(arm_dir(cfg, reference) / "metrics.jsonl")
+    record = timing_record(arms, reference.name, cfg.timing_repeats, n_prompts, group, rows)
+    write_timing(root, record)
+    return record
 
 
 def check_inputs(cfg: ExperimentConfig):
@@ -484,7 +574,7 @@ def check_inputs(cfg: ExperimentConfig):
     data = load_data(cfg, sources.world)
     with contextlib.redirect_stdout(sys.stderr):  # TRL's config may print notices: keep stdout clean
         for arm in cfg.arms:
-            trainer_args(cfg, arm, Path(cfg.output_dir) / cfg.experiment / arm.name, use_wandb=False)
+            trainer_args(cfg, arm, arm_dir(cfg, arm), use_wandb=False)
     return data
 
 

@@ -77,8 +77,15 @@ def test_every_arm_writes_its_folder(experiment):
             assert all(key in r for r in rows), (arm, key)
         evals = json.loads((folder / "eval.json").read_text())
         for when in ("before", "after"):
-            e = evals[when]
-            assert e["n"] == 50 and e["ci_low"] <= e["accuracy"] <= e["ci_high"]  # the micro config's n_eval
+            for name in ("t1", "greedy"):  # the rollout temperature and greedy
+                e = evals[when][name]
+                assert e["n"] == 50 and e["ci_low"] <= e["accuracy"] <= e["ci_high"]  # the micro n_eval
+                assert len(e["correct"]) == 50 and sum(e["correct"]) == e["k"]
+        assert evals["after_step"] == 4 and set(evals["comparison"]) >= {"t1", "greedy"}
+        curve = _rows(folder / "eval_curve.jsonl")
+        assert [r["step"] for r in curve] == [0, 1, 2, 3, 4]  # before, then every max_steps // 4 steps
+        assert curve[-1]["results"]["t1"]["correct"] == evals["after"]["t1"]["correct"]
+        assert all("eval/t1_accuracy" in r for r in rows)
         assert evals["tau"] >= 1.0
         samples = _rows(folder / "samples.jsonl")
         assert len(samples) == 2 * 4 and all(len(s["tokens"]) == len(s["provenance"]) for s in samples)
@@ -86,6 +93,16 @@ def test_every_arm_writes_its_folder(experiment):
         assert any((folder / "checkpoints").glob("checkpoint-*/marsrl_complete.json"))
         assert [r["train/policy/version"] for r in rows] == [0, 1, 2, 3]
         assert rows[-1]["train/draft/refreshes"] == 2  # refreshed at steps 0 and 2
+
+
+def test_the_interleaved_timing_covers_every_arm_and_an_a_a_copy(experiment):
+    timing = json.loads((experiment / "timing.json").read_text())
+    assert set(timing["arms"]) == {*ARMS, "strict (A/A)"} and timing["reference"] == "strict"
+    for name, t in timing["arms"].items():
+        assert len(t["seconds"]) == timing["repeats"] == 4 and all(s > 0 for s in t["seconds"]), name
+        assert len(set(t["tokens"])) == 1, name  # the same prompts and seed: the same work every repeat
+    assert timing["arms"]["strict"]["tokens"] == timing["arms"]["strict (A/A)"]["tokens"]
+    assert timing["train_seconds"] > 0
 
 
 def test_bias_figures_per_arm(experiment):
@@ -217,7 +234,11 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(experiment, tmp_path):
     ea = json.loads((experiment / "mars_l0.9" / "eval.json").read_text())
     eb = json.loads((folder / "eval.json").read_text())
     for when in ("before", "after"):
-        _numbers_equal(ea[when], eb[when], when)
+        for name in ("t1", "greedy"):
+            _numbers_equal(ea[when][name], eb[when][name], (when, name))
+            assert ea[when][name]["correct"] == eb[when][name]["correct"], (when, name)
+    curve = _rows(folder / "eval_curve.jsonl")
+    assert [r["step"] for r in curve] == [0, 1, 2, 3, 4]  # every evaluation once
     assert eb["tau"] == pytest.approx(ea["tau"], rel=1e-6)
     steps = sorted(int(p.name.split("-")[1]) for p in (folder / "checkpoints").glob("checkpoint-*"))
     assert steps and max(steps) == 4
