@@ -1,5 +1,6 @@
 """A rollout's completion with its per-token record, and ``collate``: the one place that turns a batch of
-them into right-padded tensors.
+them into right-padded tensors (``pad_per_token`` pads one field of it, for a caller whose per-token
+lists do not come as Trajectories, such as the trainer's rows from TRL).
 
 This module is the ground floor: it imports nothing from marsrl (engine, rollout, trainers and metrics
 all import it), so a consumer of trajectories needs no engine.  It leaves out how a record is produced
@@ -79,6 +80,24 @@ _COLLATED: dict[str, tuple[torch.dtype, float | int | bool]] = {
 }
 
 
+def pad_per_token(name: str, lists, width: int | None = None) -> torch.Tensor:
+    """[N, width] tensor of the per-token field ``name`` of N lists, right-padded as ``collate`` pads it
+    (its dtype and padding value there), width = the longest list when None.  Raises ValueError when a
+    list is longer than ``width``."""
+    dtype, pad = _COLLATED[name]
+    lists = list(lists)
+    lengths = [len(values) for values in lists]
+    longest = max(lengths, default=0)
+    width = longest if width is None else width
+    if longest > width:
+        i = lengths.index(longest)
+        raise ValueError(f"{name} of row {i} has {longest} entries, more than the width {width}")
+    mask = torch.arange(width).unsqueeze(0) < torch.tensor(lengths, dtype=torch.int64).unsqueeze(1)  # [N, T]
+    padded = torch.full((len(lists), width), pad, dtype=dtype)
+    padded[mask] = torch.tensor([v for values in lists for v in values], dtype=dtype)  # row-major order
+    return padded
+
+
 def collate(trajectories, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
     """Right-pad the per-token record of N trajectories into [N, T] tensors, T = the longest completion.
 
@@ -96,16 +115,12 @@ def collate(trajectories, device: torch.device | str | None = None) -> dict[str,
             if got != n:
                 raise ValueError(f"{name} of trajectory {i} has {got} entries but completion_ids has {n}")
     width = max(lengths, default=0)
-    lens = torch.tensor(lengths, dtype=torch.int64)
-    mask = torch.arange(width).unsqueeze(0) < lens.unsqueeze(1)  # [N, T]; row-major = concatenation order
     out: dict[str, torch.Tensor] = {}
-    for name, (dtype, pad) in _COLLATED.items():
-        flat = [v for t in trajectories for v in getattr(t, name)]
-        padded = torch.full((len(trajectories), width), pad, dtype=dtype)
-        padded[mask] = torch.tensor(flat, dtype=dtype)
-        out[name] = padded
+    for name in _COLLATED:
+        out[name] = pad_per_token(name, [getattr(t, name) for t in trajectories], width)
         if name == "completion_ids":
-            out["mask"] = mask
+            lens = torch.tensor(lengths, dtype=torch.int64)
+            out["mask"] = torch.arange(width).unsqueeze(0) < lens.unsqueeze(1)  # [N, T]
     nan_rows = out["behavior_logprobs"].isnan().any(dim=1).nonzero()
     if nan_rows.numel():
         raise ValueError(f"behavior_logprobs of trajectory {int(nan_rows[0])} has NaN")

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from marsrl.trajectory import PAD_PROVENANCE, PER_TOKEN_FIELDS, Trajectory, collate
+from marsrl.trajectory import PAD_PROVENANCE, PER_TOKEN_FIELDS, Trajectory, collate, pad_per_token
 from marsrl.verify import Provenance
 
 
@@ -70,6 +70,23 @@ def test_collate_device_and_empty_completions():
     rng = random.Random(1)
     got = collate([_traj(rng, 0), _traj(rng, 0)], device="cpu")
     assert all(t.shape == (2, 0) and t.device.type == "cpu" for t in got.values())
+
+
+def test_pad_per_token_is_collates_padding_at_any_width():
+    """The trainer pads its rows from TRL with ``pad_per_token`` to TRL's width: the same dtype and pad
+    as ``collate``, further out; a list longer than the width is refused."""
+    rng = random.Random(2)
+    trajs = [_traj(rng, n) for n in (4, 0, 2)]
+    got = collate(trajs)
+    for name in ("completion_ids", *PER_TOKEN_FIELDS):
+        lists = [getattr(t, name) for t in trajs]
+        torch.testing.assert_close(pad_per_token(name, lists), got[name], rtol=0, atol=0, equal_nan=True)
+        wide = pad_per_token(name, lists, width=6)
+        assert wide.shape == (3, 6) and wide.dtype == got[name].dtype
+        torch.testing.assert_close(wide[:, :4], got[name], rtol=0, atol=0, equal_nan=True)
+        assert (wide[:, 4:] == got[name][1, 0]).all()  # row 1 is empty: all padding
+    with pytest.raises(ValueError, match="provenance of row 0 has 4 entries, more than the width 3"):
+        pad_per_token("provenance", [t.provenance for t in trajs], width=3)
 
 
 @pytest.mark.parametrize("name", PER_TOKEN_FIELDS)

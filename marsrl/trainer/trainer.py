@@ -49,6 +49,7 @@ from ..drafter.target import final_norm
 from ..engine import SamplingParams
 from ..integrations.trl import make_rollout_func, resolve_sampling
 from ..rollout.weights import gather_zero3_state_dict, is_zero3
+from ..trajectory import pad_per_token
 from ..verify.dist import sampling_logits
 from .checkpoint import CHECKPOINT_COMPLETE as CHECKPOINT_COMPLETE  # re-exported
 from .checkpoint import write_manifest
@@ -231,9 +232,8 @@ class MarsGRPOTrainer(GRPOTrainer):
 
         lengths = _record_lengths(rows, completion_mask, width)
         record = {
-            "provenance": _pad_rows(rows, "provenance", lengths, width, 0, torch.int8),
-            "draft_position": _pad_rows(rows, "draft_position", lengths, width, -1, torch.long),
-            "unsupported_mass": _pad_rows(rows, "unsupported_mass", lengths, width, 0.0, torch.float32),
+            key: _pad_rows(rows, key, lengths, width)
+            for key in ("provenance", "draft_position", "unsupported_mass")
         }
         if self.accelerator.is_main_process:
             self.last_batch = {"rows": rows, "completion_ids": completion_ids, "mask": mask_b}
@@ -629,10 +629,9 @@ class MarsGRPOTrainer(GRPOTrainer):
             self.pool = None
 
 
-def _pad_rows(rows: list[dict], key: str, lengths: list[int], width: int, fill, dtype) -> torch.Tensor:
-    """[N, width] tensor of a per-token extra field (right-padded with ``fill``); each row's list must
-    have one entry per completion token."""
-    out = torch.full((len(rows), width), fill, dtype=dtype)
+def _pad_rows(rows: list[dict], key: str, lengths: list[int], width: int) -> torch.Tensor:
+    """[N, width] tensor of a per-token extra field, padded as ``trajectory.collate`` pads it; each row's
+    list must have one entry per completion token."""
     for i, row in enumerate(rows):
         values = row.get(key)
         if values is None:
@@ -642,9 +641,7 @@ def _pad_rows(rows: list[dict], key: str, lengths: list[int], width: int, fill, 
                 f"{key} of completion {i} has {len(values)} entries but the completion has "
                 f"{int(lengths[i])} tokens"
             )
-        if len(values):
-            out[i, : len(values)] = torch.tensor(values, dtype=dtype)
-    return out
+    return pad_per_token(key, [row[key] for row in rows], width)
 
 
 def _record_lengths(rows: list[dict], completion_mask: torch.Tensor, width: int) -> list[int]:
