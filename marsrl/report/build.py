@@ -12,11 +12,11 @@ from pathlib import Path
 
 from . import stats
 from .base import ReportError, finite
-from .compare import compare_arms, projection
+from .compare import aa_check, compare_arms, projection
 from .load import REPORT_DIR, Experiment, load_experiment
 from .plots import write_plots
 from .table import FINAL_FRAC, comparison_cells, format_markdown, summarize_arm, table_cells, table_json
-from .verdict import reference_arm, verdict
+from .verdict import reference_arm, timing_paragraph, verdict
 
 
 @dataclass
@@ -60,16 +60,28 @@ def build_report(
     summaries = {a.name: summarize_arm(a, final_frac) for a in exp.arms}
     ref = reference_arm(exp.arms)
     others = [a for a in exp.arms if a is not ref]
-    comparisons = {a.name: compare_arms(a, ref, target, n_boot, seed) for a in others}
+    comparisons = {a.name: compare_arms(a, ref, target, n_boot, seed, exp.timing) for a in others}
+    aa = aa_check(exp.timing, ref.name, n_boot, seed) if ref is not None else None
     projections = {a.name: projection(a, ref, n_boot, seed) for a in others}
     rows = table_cells(summaries, final_frac) + comparison_cells(comparisons, names, ref.name if ref else "")
     table = format_markdown(rows, names)
     text, metrics = verdict(exp.arms, summaries, comparisons, projections, target, n_boot, seed)
+    if exp.timing is not None:
+        text = f"{text}\n\n{timing_paragraph(exp.timing, ref.name, aa)}"
     (out / "table.md").write_text(f"# {exp.name}\n\n{table}\n")
     data = table_json(exp.name, summaries, rows, final_frac)
     data["comparisons"] = {a: {k: f.as_dict() for k, f in figs.items()} for a, figs in comparisons.items()}
     data["projection"] = metrics.get("projection", {})
     data["target_reward"] = target
+    data["timing"] = (
+        None
+        if exp.timing is None
+        else {
+            "method": exp.timing.get("method"),
+            "repeats": exp.timing.get("repeats"),
+            "aa": aa and aa.as_dict(),
+        }
+    )
     data["smoothing"] = {"reward": "debiased exponential moving average", "alpha": stats.EMA_ALPHA}
     data["verdict"] = {"text": text, "metrics": metrics}
     (out / "table.json").write_text(json.dumps(data, indent=2, allow_nan=False))

@@ -12,6 +12,16 @@ One comparison is ``{key: Figure}`` (``Figure.as_dict`` is what ``table.json`` c
     top1_excess_diff, top2_excess_diff, unsupported_mass_diff, is_ess_diff
                            mean over steps, arm - reference               bootstrap over steps, paired
 
+With ``timing.json`` (the job's interleaved A/B of every arm's rollout, see ``marsrl.experiment.timing``)
+the timings come from it instead of the arms' sequential wall-clock:
+    tokens_per_s_ratio     rollout tokens/s, arm / reference              bootstrap over repeats, paired
+    rollout_time_ratio     rollout seconds of one step, arm / reference   bootstrap over repeats, paired
+    step_time_ratio        (T + rollout seconds) / (T + reference's), T the reference's median
+                           non-rollout seconds per training step         bootstrap over repeats, paired
+    time_to_target_ratio   the curves' steps at the interleaved per-step cost
+and ``aa_check`` reads the reference's A/A copy against it (1.00 within its interval when the timing is
+fair).
+
 Steps are paired by step number (both arms see the same prompts at the same step); only the steps both
 arms logged a value at enter.  The per-step seconds are ``train/step_seconds``, else the increments of
 ``wall_s``.  The reward level of ``time_to_target_ratio`` must be fixed before the run (``--target-reward``
@@ -33,6 +43,8 @@ PUBLISHED_SOURCE = (
 )
 
 BY_STEPS = "bootstrap over steps, paired by step"
+BY_REPEATS = "bootstrap over the interleaved timing repeats, paired by repeat"
+AA_SUFFIX = " (A/A)"
 BY_PROBLEMS = "bootstrap over problems, paired by problem"
 BY_CURVES = "residual bootstrap of each arm's EMA-smoothed reward curve and step times"
 NEWCOMBE = "Newcombe's hybrid score interval, unpaired (eval.json has no per-problem outcomes)"
@@ -142,12 +154,72 @@ def _difference(arm: Arm, ref: Arm, key: str, label: str, n_boot: int, seed: int
 
 def _step_time(arm: Arm, ref: Arm, n_boot: int, seed: int) -> Figure | None:
     a, r = paired_steps(step_durations(arm.rows), step_durations(ref.rows))
-    return _by_steps("step time", stats.ratio_of_means, 1.0, [a, r], n_boot, seed)
+    label = "step time (sequential wall-clock: machine load included)"
+    return _by_steps(label, stats.ratio_of_means, 1.0, [a, r], n_boot, seed)
 
 
-def _time_to_target(arm: Arm, ref: Arm, target: float, n_boot: int, seed: int) -> Figure | None:
+def _timed(timing: dict | None, *names: str) -> bool:
+    return bool(timing) and all(n in timing["arms"] for n in names)
+
+
+def interleaved_figures(timing: dict, arm: str, ref: str, n_boot: int, seed: int) -> dict[str, Figure]:
+    """The timing figures of ``arm`` against ``ref`` from timing.json (module docstring)."""
+    a, r = timing["arms"][arm], timing["arms"][ref]
+    sa, sr, ta, tr = a["seconds"], r["seconds"], a["tokens"], r["tokens"]
+
+    def rate(x_tok, x_sec, y_tok, y_sec):
+        return (x_tok.sum(-1) / x_sec.sum(-1)) / (y_tok.sum(-1) / y_sec.sum(-1))
+
+    def fig(label, stat, columns, **extra):
+        value, m = stats.paired_bootstrap(stat, columns, n_boot, seed)
+        return Figure(label, _num(value), _num(m["low"]), _num(m["high"]), 1.0, BY_REPEATS, m["n"], extra)
+
+    out = {
+        "tokens_per_s_ratio": fig("rollout tokens/s (interleaved)", rate, [ta, sa, tr, sr]),
+        "rollout_time_ratio": fig("rollout seconds per step (interleaved)", stats.ratio_of_means, [sa, sr]),
+    }
+    train = timing.get("train_seconds")
+    if finite(train):
+
+        def step(x, y):
+            return (train + x.mean(-1)) / (train + y.mean(-1))
+
+        out["step_time_ratio"] = fig(
+            "step time (interleaved rollout + the reference's training seconds)",
+            step,
+            [sa, sr],
+            train_seconds=float(train),
+        )
+    return out
+
+
+def aa_check(
+    timing: dict | None, ref: str, n_boot: int = stats.N_BOOT, seed: int = stats.SEED
+) -> Figure | None:
+    """The reference's A/A copy against the reference in the interleaved timing (rollout seconds)."""
+    if not _timed(timing, ref, ref + AA_SUFFIX):
+        return None
+    return interleaved_figures(timing, ref + AA_SUFFIX, ref, n_boot, seed)["rollout_time_ratio"]
+
+
+def step_cost(timing: dict | None, name: str) -> float | None:
+    """An arm's per-step cost from the interleaved timing: the reference's training seconds plus the
+    arm's mean rollout seconds; None without timing for it."""
+    if not _timed(timing, name) or not finite(timing.get("train_seconds")):
+        return None
+    seconds = timing["arms"][name]["seconds"]
+    return float(timing["train_seconds"]) + sum(seconds) / len(seconds)
+
+
+def _time_to_target(
+    arm: Arm, ref: Arm, target: float, n_boot: int, seed: int, timing: dict | None = None
+) -> Figure | None:
     def curve(a: Arm):
-        rewards, seconds = paired_steps(_series(a.rows, "train/reward"), step_durations(a.rows))
+        cost = step_cost(timing, a.name)
+        durations = step_durations(a.rows)
+        if cost is not None:
+            durations = dict.fromkeys(durations, cost)
+        rewards, seconds = paired_steps(_series(a.rows, "train/reward"), durations)
         return rewards, seconds
 
     a, r = curve(arm), curve(ref)
@@ -214,18 +286,27 @@ def _heldout(arm: Arm, ref: Arm, n_boot: int, seed: int) -> dict[str, Figure]:
 
 
 def compare_arms(
-    arm: Arm, ref: Arm, target: float | None = None, n_boot: int = stats.N_BOOT, seed: int = stats.SEED
+    arm: Arm,
+    ref: Arm,
+    target: float | None = None,
+    n_boot: int = stats.N_BOOT,
+    seed: int = stats.SEED,
+    timing: dict | None = None,
 ) -> dict[str, Figure]:
-    """Every figure of the module docstring that both arms logged, in the order listed there."""
-    figs: dict[str, Figure | None] = {
-        "tokens_per_s_ratio": _ratio(
-            arm, ref, "train/rollout/tokens_per_s", "rollout tokens/s", n_boot, seed
-        ),
-        "step_time_ratio": _step_time(arm, ref, n_boot, seed),
-        "time_to_target_ratio": (
-            _time_to_target(arm, ref, target, n_boot, seed) if target is not None else None
-        ),
-    }
+    """Every figure of the module docstring that both arms logged, in the order listed there; the
+    timings from ``timing`` (timing.json) when it holds both arms, else from the sequential steps."""
+    if _timed(timing, arm.name, ref.name):
+        figs: dict[str, Figure | None] = dict(interleaved_figures(timing, arm.name, ref.name, n_boot, seed))
+    else:
+        figs = {
+            "tokens_per_s_ratio": _ratio(
+                arm, ref, "train/rollout/tokens_per_s", "rollout tokens/s", n_boot, seed
+            ),
+            "step_time_ratio": _step_time(arm, ref, n_boot, seed),
+        }
+    figs["time_to_target_ratio"] = (
+        _time_to_target(arm, ref, target, n_boot, seed, timing) if target is not None else None
+    )
     figs.update(_heldout(arm, ref, n_boot, seed))
     for k in (1, 2):
         figs[f"top{k}_excess_diff"] = _difference(

@@ -65,6 +65,7 @@ class Experiment:
     name: str
     path: Path
     arms: list[Arm]
+    timing: dict | None = None  # timing.json (the interleaved per-step rollout timing), when present
 
 
 def _numbered_jsonl(path: Path) -> list[tuple[int, dict]]:
@@ -247,4 +248,25 @@ def load_experiment(path: str | Path) -> Experiment:
     arms = order_arms(arms, _declared_order(folder, arms))
     names = [a.config.get("experiment") for a in arms] + [a.run.get("group") if a.run else None for a in arms]
     name = next((str(n) for n in names if n), folder.name)
-    return Experiment(name=name, path=folder, arms=arms)
+    return Experiment(name=name, path=folder, arms=arms, timing=read_timing(folder))
+
+
+TIMING_FILE = "timing.json"
+
+
+def read_timing(folder: Path) -> dict | None:
+    """``timing.json`` of the experiment (in ``folder``, or its parent for one seed's folder), or None;
+    ReportError naming the file when it is not the shape ``marsrl train`` writes."""
+    for path in (folder / TIMING_FILE, folder.parent / TIMING_FILE):
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+            arms = data["arms"]
+            ok = all(len(v["seconds"]) == len(v["tokens"]) for v in arms.values())
+        except (ValueError, KeyError, TypeError) as err:
+            raise ReportError(f"{path}: not a timing file ({type(err).__name__}: {err})") from err
+        if not ok:
+            raise ReportError(f"{path}: an arm's seconds and tokens differ in length")
+        return data
+    return None

@@ -121,6 +121,21 @@ def projection_sentence(arm: str, ref: str, p: dict | None, step_time: Figure | 
     return text
 
 
+def timing_paragraph(timing: dict, ref: str, aa: Figure | None) -> str:
+    """How the timings were measured, and the A/A control's reading."""
+    text = (
+        f"Timings: {timing.get('method', 'interleaved')} ({timing.get('repeats')} repeats); the step time "
+        f"adds {ref}'s median non-rollout seconds per training step, so machine load while the arms "
+        "trained one after the other does not enter the ratios."
+    )
+    if aa is not None:
+        state = "resolved: the timing is not fair" if aa.resolved else "not resolved, as it should be"
+        text += (
+            f" A/A control: {ref}'s copy took {format_figure('aa_ratio', aa)} {ref}'s rollout time ({state})."
+        )
+    return text
+
+
 METHOD = (
     "Intervals are 95% percentile bootstraps ({n_boot} resamples, seed {seed}): over steps paired by step "
     "number for the rates, ratios and bias figures; over held-out problems paired by problem for accuracy "
