@@ -149,7 +149,8 @@ def test_no_strict_arm_and_single_arm():
     figs = {"b": compare_arms(b, a, n_boot=200)}
     text, m = verdict([a, b], {x.name: summarize_arm(x) for x in (a, b)}, figs)
     assert text.startswith("No strict arm; comparing with a. b vs a: resolved (95% interval excludes no ")
-    assert "step time (sequential wall-clock: machine load included) 0.17x" in text and "held-out accuracy (no eval.json 'after' results" in text
+    assert "step time (sequential wall-clock: machine load included) 0.17x" in text
+    assert "held-out accuracy (no eval.json 'after' results" in text
     assert m["b"]["step_time_ratio"]["resolved"] is True
     assert verdict([a], {"a": summarize_arm(a)}) == (
         "Only one arm (a, mean reward 0.432); nothing to compare.",
