@@ -31,21 +31,27 @@ class MarsGRPOConfig(GRPOConfig):
         is_clip_min, is_clip_max: bounds of the ``*_truncate`` (clamp) and ``*_mask`` (zero outside) modes.
         allow_uncorrected_lossy: train on a lossy rule (mars, mars_code with theta < 1) with
             ``is_correction="none"``; off by default, the trainer then fails at the first step.
-        draft_refresh_every: every this many optimizer steps, train the EAGLE-3 head on the target
-            features captured in the trainer's own log-prob forward and send it with the policy
-            (0 = never; needs ``drafter=``).
-        draft_refresh_lr: learning rate of the head's AdamW during refreshes.
-        draft_refresh_steps: optimizer steps of the head per refresh, on the captured batch.
-        draft_refresh_rows: completions of the batch (spread over it) the head trains on per refresh; the
-            TTT unroll costs ~7 draft forwards a row, so a refresh on the whole batch can cost a third of a
-            step (None: every row).
+        draft_refresh_every: every this many optimizer steps, train the EAGLE-3 head on the policy's
+            own states (its three feature layers and its detached distribution, captured in the
+            trainer's policy forward: the training forward itself when fused) and send it with the policy
+            (0 = never; needs ``drafter=``; ``marsrl.trainer.draft``).
+        draft_refresh_lr: peak learning rate of the head's own AdamW (betas 0.9 / 0.95, no decay).
+        draft_refresh_lr_scheduler_type: the head's schedule over its optimizer steps (a transformers
+            scheduler name, as ``lr_scheduler_type``), apart from the policy's.
+        draft_refresh_warmup_steps: warm-up of that schedule, in head optimizer steps.
+        draft_refresh_grad_clip: max global norm of the head's gradient (None: no clipping).
+        draft_refresh_steps: optimizer steps of the head per refresh, on the captured rows.
+        draft_refresh_rows: completions of the batch (an even share of each micro-batch) the head trains
+            on per refresh; the TTT unroll costs ~``draft_refresh_ttt_steps`` draft forwards and backwards
+            a row (None: every row).
+        draft_refresh_ttt_steps: draft steps the training-time test unrolls per row (the engine's draft
+            length is what they prepare the head for).
         fuse_policy_forward: when the policy that made a generation batch is the one every training
             forward on it runs (``num_iterations == 1`` and ``steps_per_generation`` dividing
             ``gradient_accumulation_steps``: TRL's own condition for pi_old = pi), take the policy's
             log-probs for the importance weights, and the final-norm hidden states for the top-1 / top-2
             statistics, from the training forward itself (detached) and skip the separate no-grad forward.
-            A step with a draft refresh due, and evaluation, keep the separate forward (the refresh
-            trains on its features). False: always the separate forward.
+            Evaluation keeps the separate forward. False: always the separate forward.
         max_policy_lag: the largest allowed difference between the trainer's step and the policy version
             a trajectory was generated with; larger is an error, not silent staleness.
     """
@@ -74,11 +80,24 @@ class MarsGRPOConfig(GRPOConfig):
         },
     )
     draft_refresh_lr: float = field(
-        default=3e-4, metadata={"help": "AdamW learning rate of draft refreshes."}
+        default=3e-4, metadata={"help": "Peak learning rate of the head's own AdamW."}
+    )
+    draft_refresh_lr_scheduler_type: str = field(
+        default="constant_with_warmup",
+        metadata={"help": "The head's learning-rate schedule (a transformers scheduler name)."},
+    )
+    draft_refresh_warmup_steps: int = field(
+        default=0, metadata={"help": "Warm-up of the head's schedule, in head optimizer steps."}
+    )
+    draft_refresh_grad_clip: float | None = field(
+        default=0.5, metadata={"help": "Max gradient norm of the head (None: no clipping)."}
     )
     draft_refresh_steps: int = field(default=1, metadata={"help": "Head optimizer steps per refresh."})
     draft_refresh_rows: int | None = field(
         default=8, metadata={"help": "Completions per refresh, spread over the batch (None: all)."}
+    )
+    draft_refresh_ttt_steps: int = field(
+        default=7, metadata={"help": "Draft steps the head's training-time test unrolls per row."}
     )
     fuse_policy_forward: bool = field(
         default=True,
@@ -118,6 +137,17 @@ class MarsGRPOConfig(GRPOConfig):
             raise ValueError(f"draft_refresh_lr must be > 0, got {self.draft_refresh_lr}")
         if self.draft_refresh_steps < 1:
             raise ValueError(f"draft_refresh_steps must be >= 1, got {self.draft_refresh_steps}")
+        if self.draft_refresh_grad_clip is not None and not self.draft_refresh_grad_clip > 0:
+            raise ValueError(
+                f"draft_refresh_grad_clip must be None or > 0, got {self.draft_refresh_grad_clip}"
+            )
+        if self.draft_refresh_warmup_steps < 0:
+            raise ValueError(
+                f"draft_refresh_warmup_steps must be >= 0, got {self.draft_refresh_warmup_steps}"
+            )
+        if self.draft_refresh_ttt_steps < 1:
+            raise ValueError(f"draft_refresh_ttt_steps must be >= 1, got {self.draft_refresh_ttt_steps}")
+        _check_scheduler("draft_refresh_lr_scheduler_type", self.draft_refresh_lr_scheduler_type)
         if self.draft_refresh_rows is not None and self.draft_refresh_rows < 1:
             raise ValueError(f"draft_refresh_rows must be None or >= 1, got {self.draft_refresh_rows}")
         if self.max_policy_lag < 0:
@@ -136,6 +166,16 @@ class MarsGRPOConfig(GRPOConfig):
         from ..integrations.trl import check_generation_args
 
         check_generation_args(self)
+
+
+def _check_scheduler(name: str, value: str) -> None:
+    from transformers.trainer_utils import SchedulerType
+
+    try:
+        SchedulerType(value)
+    except ValueError:
+        choices = [s.value for s in SchedulerType]
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}") from None
 
 
 def _deepspeed_comm(args: GRPOConfig) -> None:

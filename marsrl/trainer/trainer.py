@@ -22,8 +22,12 @@ What it adds to ``trl.GRPOTrainer`` (TRL 1.16, ``use_vllm=False``), all in one o
 - **Bias measured in the same forward.** A forward hook on the final norm keeps the (detached) hidden
   states of that forward; one lm_head matmul over the completion positions gives the policy's
   top-1/top-2 there (``marsrl.algo.token_stats``) and ``marsrl.algo.bias_metrics`` the ``bias/*``
-  family, gathered over ranks. Feature pre-hooks on the head's three layers (``FeatureTap``) ride the
-  separate forward when a draft refresh is due (such a step keeps it).
+  family, gathered over ranks.
+- **The draft kept in step** (``marsrl.trainer.draft``): when a refresh is due, feature pre-hooks on the
+  head's three layers (``FeatureTap``) ride the same policy forward (the training forward when fused), and
+  the head learns the policy's own detached distribution on those states with its own optimizer, clip and
+  schedule; its seconds are logged with their share of the step (``draft/seconds``,
+  ``draft/share_of_step``).
 
 Departures from TRL: the rollout's behaviour log-prob, not a vLLM top-1 log-prob, is the IS denominator;
 the draft head is trained online on rank 0's slice of the batch only (its features are local).
@@ -148,8 +152,9 @@ class MarsGRPOTrainer(GRPOTrainer):
         )
         self._synced_version: int | None = None
         self._draft_dirty = drafter is not None  # send the head once with the first policy
-        self._draft_opt = None
+        self._refresher = None  # a DraftRefresher, made at the first refresh (its schedule needs max_steps)
         self.draft_refreshes = 0
+        self._draft_seconds: float | None = None  # refresh seconds since the last log
         self._warned_unsupported = False
         self._rollout_seconds = 0.0
         self._step_start: float | None = None
@@ -237,12 +242,18 @@ class MarsGRPOTrainer(GRPOTrainer):
         }
         if self.accelerator.is_main_process:
             self.last_batch = {"rows": rows, "completion_ids": completion_ids, "mask": mask_b}
-        if mode == "train" and not refresh and self._one_policy_per_generation():
-            # the training forward of each micro-batch supplies the policy's side (_compute_loss); the
-            # record travels with the batch (shuffled and split with it)
+        if mode == "train" and self._one_policy_per_generation():
+            # the training forward of each micro-batch supplies the policy's side (_compute_loss) and,
+            # when a refresh is due, the head's features; the record travels with the batch (shuffled
+            # and split with it)
             for key, value in record.items():
                 out[_FUSED_PREFIX + key] = value.to(completion_ids.device)
-            self._fused = {"rows": rows, "parts": [], "seconds": time.perf_counter() - started}
+            self._fused = {
+                "rows": rows,
+                "parts": [],
+                "seconds": time.perf_counter() - started,
+                "refresh": refresh,
+            }
             return out
 
         # the no-grad policy forward (TRL skips it with use_vllm=False), hidden states and taps on the side
@@ -263,10 +274,9 @@ class MarsGRPOTrainer(GRPOTrainer):
         # the no-grad forward TRL skips without vLLM, and the rest (weights, top-2 pass, statistics, taps)
         metrics["timing/policy_forward_seconds"] = forward_s
         metrics["timing/correction_seconds"] = time.perf_counter() - started - forward_s
-        if refresh and self.accelerator.is_main_process:
-            refresh_start = time.perf_counter()
-            metrics.update(self._refresh_draft(cap, ids, attn, completion_mask))
-            metrics["timing/draft_refresh_seconds"] = time.perf_counter() - refresh_start
+        if refresh:
+            self._keep_draft_rows(cap, ids, attn, completion_mask, share=1.0)
+            metrics.update(self._refresh_draft())
         metrics["draft/refreshes"] = float(self.draft_refreshes)
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
@@ -300,7 +310,7 @@ class MarsGRPOTrainer(GRPOTrainer):
 
         def first_forward(*args, **kwargs):
             restore()  # only the policy's forward of this call
-            with self._capture(keep_full=False) as cap:
+            with self._capture(keep_full=self._fused["refresh"]) as cap:
                 logps, entropies, aux = forward(*args, **kwargs)
             self._fused_micro_batch(inputs, logps.detach(), cap)
             return logps, entropies, aux
@@ -325,6 +335,11 @@ class MarsGRPOTrainer(GRPOTrainer):
         state = self._fused
         state["parts"].append((old, behavior, stats, record, mask_b))
         state["seconds"] += time.perf_counter() - started
+        if state["refresh"]:
+            ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+            attn = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
+            share = 1.0 / self.args.steps_per_generation
+            self._keep_draft_rows(cap, ids, attn, completion_mask, share)
         if len(state["parts"]) < self.args.steps_per_generation:
             return
         parts = state["parts"]
@@ -335,6 +350,8 @@ class MarsGRPOTrainer(GRPOTrainer):
         )
         metrics["timing/policy_forward_seconds"] = 0.0
         metrics["timing/correction_seconds"] = state["seconds"] + time.perf_counter() - started
+        if state["refresh"]:
+            metrics.update(self._refresh_draft())
         metrics["draft/refreshes"] = float(self.draft_refreshes)
         for key, value in metrics.items():
             self._metrics["train"][key].append(value)
@@ -528,43 +545,44 @@ class MarsGRPOTrainer(GRPOTrainer):
         out["rollout/theta"] = float(self._batch_info.get("theta") or 0.0)
         return out
 
-    def _refresh_draft(self, cap: dict, ids, attn, completion_mask) -> dict:
-        """Train the head on this forward's features; it is sent with the policy at the next sync."""
-        from ..drafter.train import refresh_draft, trainable_parameters
+    # ------------------------------------------------------------------ the draft kept in step
+    def _draft_refresher(self):
+        if self._refresher is None:
+            from .draft import DraftRefresher
 
-        n = ids.shape[0]
-        rows = min(self.args.draft_refresh_rows or n, n)
-        pick = torch.arange(0, n, n // rows)[:rows]  # spread over the batch: one group is one prompt
-        features = torch.cat(cap["features"])[pick]  # [rows, P+C, 3*Ht]
-        hidden = torch.cat(cap["h"])[pick]  # [rows, P+C, Ht]
-        ids, attn, completion_mask = ids[pick], attn[pick], completion_mask[pick]
+            every = self.args.draft_refresh_every
+            steps = self.args.max_steps if self.args.max_steps > 0 else self.state.max_steps
+            total = math.ceil(max(int(steps), 1) / every)
+            self._refresher = DraftRefresher(self.drafter, self.args, total)
+        return self._refresher
+
+    def _keep_draft_rows(self, cap: dict, ids, attn, completion_mask, share: float) -> None:
+        """Rank 0 keeps its share of this forward's rows (features, hidden states) for the refresh."""
+        if not self.accelerator.is_main_process:
+            return
+        self._draft_refresher().add(
+            torch.cat(cap["features"]), torch.cat(cap["h"]), ids, attn, completion_mask, share
+        )
+
+    def _refresh_draft(self) -> dict:
+        """Train the head on the kept rows (rank 0); it is sent with the policy at the next sync. Every
+        rank calls it: a ZeRO-3 lm_head is gathered collectively."""
         head = self.accelerator.unwrap_model(self.model).get_output_embeddings()
-        with torch.no_grad():
-            logits = F.linear(
-                hidden.float(), head.weight.float(), None if head.bias is None else head.bias.float()
-            )
-        width = completion_mask.shape[1]
-        loss_mask = torch.zeros_like(attn, dtype=torch.bool)
-        loss_mask[:, -width - 1 : -1] = completion_mask.bool()  # positions that predict a completion token
-        if self._draft_opt is None:
-            self._draft_opt = torch.optim.AdamW(
-                trainable_parameters(self.drafter), lr=self.args.draft_refresh_lr
-            )
-        dev = next(self.drafter.parameters()).device
-        with torch.enable_grad():
-            m = refresh_draft(
-                self.drafter,
-                self._draft_opt,
-                features.to(dev),
-                ids.to(dev),
-                logits.to(dev),
-                loss_mask.to(dev),
-                self.args.draft_refresh_steps,
-                attention_mask=attn.to(dev),
-            )
-        self.draft_refreshes += 1
+        ctx = contextlib.nullcontext()
+        if is_zero3(self.model):
+            import deepspeed
+
+            ctx = deepspeed.zero.GatheredParameters(list(head.parameters()), modifier_rank=None)
+        if not self.accelerator.is_main_process:
+            with ctx:
+                return {}
+        with ctx, torch.autocast(head.weight.device.type, enabled=False):
+            metrics = self._draft_refresher().refresh(head)
+        self.draft_refreshes = self._refresher.refreshes
         self._draft_dirty = True
-        return {"draft/loss": float(m.get("loss_before", m.get("loss", float("nan"))))}
+        self._draft_seconds = (self._draft_seconds or 0.0) + metrics["draft/seconds"]
+        metrics["timing/draft_refresh_seconds"] = metrics["draft/seconds"]
+        return metrics
 
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model, trial):
@@ -578,7 +596,7 @@ class MarsGRPOTrainer(GRPOTrainer):
         folder = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         state = {
             "draft": None if self.drafter is None else self.drafter.state_dict(),
-            "draft_optimizer": None if self._draft_opt is None else self._draft_opt.state_dict(),
+            "draft_refresher": None if self._refresher is None else self._refresher.state_dict(),
             "draft_refreshes": self.draft_refreshes,
             "rollout_calls": None if self._pool_rollout is None else self._pool_rollout.state["calls"],
         }
@@ -596,13 +614,8 @@ class MarsGRPOTrainer(GRPOTrainer):
         if self.drafter is not None and state["draft"] is not None:
             self.drafter.load_state_dict(state["draft"])
             self._draft_dirty = True
-        if state["draft_optimizer"] is not None and self.drafter is not None:
-            from ..drafter.train import trainable_parameters
-
-            self._draft_opt = torch.optim.AdamW(
-                trainable_parameters(self.drafter), lr=self.args.draft_refresh_lr
-            )
-            self._draft_opt.load_state_dict(state["draft_optimizer"])
+        if state.get("draft_refresher") is not None and self.drafter is not None:
+            self._draft_refresher().load_state_dict(state["draft_refresher"])
         self.draft_refreshes = state["draft_refreshes"]
         if self._pool_rollout is not None and state["rollout_calls"] is not None:
             self._pool_rollout.state["calls"] = state["rollout_calls"]
@@ -616,6 +629,9 @@ class MarsGRPOTrainer(GRPOTrainer):
             self._metrics[mode]["rollout/share_of_step"].append(min(self._rollout_seconds / step_s, 1.0))
             self._metrics[mode]["rollout/wall_seconds"].append(self._rollout_seconds)
             self._rollout_seconds = 0.0
+            if self._draft_seconds is not None:  # a refresh ran in this step: its cost, counted in it
+                self._metrics[mode]["draft/share_of_step"].append(min(self._draft_seconds / step_s, 1.0))
+                self._draft_seconds = None
         info = self._batch_info
         if info and "loss" in logs:
             logs["rollout/rule"] = info.get("rule")
