@@ -140,8 +140,10 @@ def run_one(name: str, overrides: list[str], config: str, work: Path, befores: d
         callback.attach(trainer)
         started = time.perf_counter()
         load0 = os.getloadavg()[0]
+        cpu0 = time.process_time()
         trainer.train()
         wall = time.perf_counter() - started
+        cpu = time.process_time() - cpu0
         load1 = os.getloadavg()[0]
     finally:
         if pool is not None:
@@ -150,6 +152,7 @@ def run_one(name: str, overrides: list[str], config: str, work: Path, befores: d
     rewards = [r["reward"] for r in steps]
     q = max(1, len(rewards) // 4)
     eval_s = sum(r.get("seconds") or 0.0 for s, r in callback.results.items() if s > 0)
+    eval_cpu = sum(r.get("cpu_seconds") or 0.0 for s, r in callback.results.items() if s > 0)
     after = callback.final
     curve = [
         {"step": s, **{n: r[n]["accuracy"] for n in kw["temperatures"]}}
@@ -173,6 +176,10 @@ def run_one(name: str, overrides: list[str], config: str, work: Path, befores: d
         "eval_during_s": round(eval_s, 1),
         "train_s": round(wall - eval_s, 1),
         "setup_s": round(setup_s, 1),
+        # CPU seconds of this (single-threaded) process: close to a quiet machine's wall-clock
+        "train_cpu_s": round(cpu - eval_cpu, 1),
+        "eval_during_cpu_s": round(eval_cpu, 1),
+        "before_eval_cpu_s": round(before.get("cpu_seconds") or 0.0, 1),
         "step_seconds_median": _median(steps, "step_seconds"),
         "loadavg_start_end": [round(load0, 2), round(load1, 2)],
     }
