@@ -5,8 +5,8 @@ top, inside a function, under ``TYPE_CHECKING``): an import deferred for start-u
 dependency.  A room is a sub-package (``marsrl/engine/``) or a top-level module (``marsrl/trajectory.py``);
 imports inside a room are free of floors but not of circles.  The floors, lowest first:
 
-0. ``verify``, ``algo``, ``trajectory``, ``data``, ``batching``, ``config``, ``quiet``, ``testing``,
-   ``_lazy`` and the package itself (its version): pure pieces that import no other room.
+0. ``verify``, ``algo``, ``trajectory``, ``prompts``, ``data``, ``batching``, ``config``, ``quiet``,
+   ``testing``, ``_lazy`` and the package itself (its version): pure pieces that import no other room.
 1. ``drafter`` (the draft model), ``metrics`` (rollout figures from trajectories).
 2. ``engine``: speculative decoding over a target and a drafter.
 3. ``rollout`` (the pool and its workers), ``tinyworld`` (the tiny models, built with the engine).
@@ -37,6 +37,7 @@ FLOORS = {
     "config": 0,
     "batching": 0,
     "trajectory": 0,
+    "prompts": 0,
     "verify": 0,
     "algo": 0,
     "data": 0,

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..prompts import check_prompts
 from ..trajectory import Trajectory
 from ..verify import sample_plain, verify_chain, verify_tree
 from .adaptive import Carried, CostModel, FixedK, KPlanner
@@ -540,19 +541,5 @@ class SpeculativeEngine:
         return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
 
     def _check_prompts(self, prompt_ids) -> list[list[int]]:
-        if isinstance(prompt_ids, torch.Tensor) or not isinstance(prompt_ids, Sequence) or not prompt_ids:
-            raise ValueError("prompt_ids must be a non-empty list of token-id lists")
-        out = []
-        for i, p in enumerate(prompt_ids):
-            p = [int(t) for t in p]
-            if not p:
-                raise ValueError(f"prompt_ids[{i}] is empty")
-            bad = [t for t in p if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(f"prompt_ids[{i}] has ids outside [0, {self.vocab_size}): {bad[:5]}")
-            if self.max_seq_len is not None and len(p) + 1 > self.max_seq_len:
-                raise ValueError(
-                    f"prompt_ids[{i}] has {len(p)} tokens; the model's context is {self.max_seq_len}"
-                )
-            out.append(p)
-        return out
+        """The prompts as lists of ints, checked against this engine's model (``marsrl.prompts``)."""
+        return check_prompts(prompt_ids, self.vocab_size, self.max_seq_len)

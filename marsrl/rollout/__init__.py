@@ -19,12 +19,13 @@ Using the pool from any trainer (no TRL needed)::
 ``recipes/grpo_plain.py`` is a complete GRPO loop written this way.
 """
 
+from ..prompts import check_prompts
 from .actor import RolloutActor
 from .config import PoolConfig, WorkerConfig
 from .local import LocalPool
 from .placement import resolve_device
 from .pool import RolloutError, RolloutPool, batch_metrics
-from .requests import RolloutRequest, check_prompts, plan_requests, request_seed
+from .requests import RolloutRequest, plan_requests, request_seed
 from .weights import (
     PackedState,
     StateSpec,

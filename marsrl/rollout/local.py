@@ -10,9 +10,10 @@ import contextlib
 import time
 
 from ..engine import SamplingParams
+from ..prompts import check_prompts
 from .config import WorkerConfig
 from .pool import batch_metrics
-from .requests import check_prompts, plan_requests
+from .requests import plan_requests
 from .worker import RolloutWorker
 
 

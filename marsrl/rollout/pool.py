@@ -58,10 +58,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from torch import nn
 
 from ..engine import SamplingParams, Trajectory
+from ..prompts import check_prompts
 from .actor import RolloutActor
 from .config import PoolConfig
 from .placement import resolve_device
-from .requests import RolloutRequest, check_prompts, plan_requests
+from .requests import RolloutRequest, plan_requests
 from .weights import pack_state
 from .worker import check_sources_match, source_name
 

@@ -1,5 +1,5 @@
 """Rollout requests: the unit a pool schedules, retries and seeds, and the pure functions that cut a
-batch of prompts into them and check the prompts before any work starts.
+batch of prompts into them (``marsrl.prompts.check_prompts`` checks the prompts before any work starts).
 
 A request is ONE engine call (one ``SpeculativeEngine.generate``, hence one random stream seeded by its
 own ``sampling.seed``). Its trajectories are therefore the same whichever actor runs it, and however
@@ -77,36 +77,4 @@ def plan_requests(
         sp = dataclasses.replace(sampling, seed=request_seed(sampling.seed, r))
         out.append(RolloutRequest(r, chunk, sp, first_prompt=start))
         start += size
-    return out
-
-
-def check_prompts(
-    prompt_ids, vocab_size: int, max_seq_len: int | None, where: str = "prompt_ids"
-) -> list[list[int]]:
-    """Token-id lists checked against the model: non-empty, ints in [0, vocab_size), and room for at
-    least one new token within max_seq_len. Raises ValueError naming the prompt's index."""
-    if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence) or not prompt_ids:
-        raise ValueError(f"{where} must be a non-empty list of token-id lists")
-    out = []
-    for i, p in enumerate(prompt_ids):
-        if isinstance(p, (str, bytes)):
-            raise ValueError(f"{where}[{i}] is a string; tokenize it first (token-id lists expected)")
-        if not isinstance(p, Sequence):
-            raise ValueError(f"{where}[{i}] is not a list of token ids (got {type(p).__name__})")
-        if not p:
-            raise ValueError(f"{where}[{i}] is empty")
-        if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in p):
-            raise ValueError(f"{where}[{i}] holds non-integer entries; token ids must be ints")
-        ids = [int(t) for t in p]
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(
-                f"{where}[{i}] has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
-            )
-        if max_seq_len is not None and len(ids) + 1 > max_seq_len:
-            raise ValueError(
-                f"{where}[{i}] has {len(ids)} tokens; the model's context is {max_seq_len} "
-                "(prompt + at least one new token must fit)"
-            )
-        out.append(ids)
     return out

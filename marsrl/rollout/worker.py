@@ -31,9 +31,10 @@ import torch
 from torch import nn
 
 from ..engine import SpeculativeEngine, Trajectory
+from ..prompts import check_prompts
 from .config import WorkerConfig
 from .placement import apply_gpu_share, resolve_device
-from .requests import RolloutRequest, check_prompts
+from .requests import RolloutRequest
 from .weights import StateSpec, copy_pairs_, match_state, state_spec, to_state_dict
 
 _EMBED_KEY = "embed_tokens.weight"

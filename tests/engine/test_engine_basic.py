@@ -186,10 +186,12 @@ def test_bad_requests_fail_fast(target):
     sp = SamplingParams(max_new_tokens=4)
     for bad, needle in [
         ([[]], "prompt_ids[0] is empty"),
-        ([[1, 2], [64]], "outside [0, 64)"),
+        ([[1, 2], [64]], "prompt_ids[1] has token ids outside the vocabulary [0, 64)"),
         ([[-1]], "outside"),
         ([list(range(40))], "context is 32"),
         ([], "non-empty"),
+        (torch.tensor([[1, 2]]), "non-empty list of token-id lists"),
+        (["a prompt"], "tokenize it first"),
     ]:
         with pytest.raises(ValueError, match=re.escape(needle)):
             eng.generate(bad, sp)
