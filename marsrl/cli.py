@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import ConfigError, load_config
+from .config import ConfigError, add_config_args, load_config
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -47,12 +47,7 @@ def _rollouts(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="marsrl",
-        description="Speculative rollouts for RL post-training with MARS margin-aware verification.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _add_demo_parser(sub) -> None:
     demo = sub.add_parser(
         "demo",
         help="compare strict / mars / mars_code verification on synthetic logits",
@@ -60,16 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
         "per-position acceptance), the relaxed fraction, the top-1/top-2 bias against exact sampling, "
         "and importance-ratio statistics from the recorded behaviour log-probs.",
     )
-    demo.add_argument("--config", help="YAML file overriding DemoConfig defaults (see configs/demo.yaml)")
-    demo.add_argument(
-        "--set",
-        action="append",
-        metavar="KEY=VALUE",
-        help="override one config field, YAML-typed (repeatable), e.g. --set temperature=0",
-    )
+    add_config_args(demo, "DemoConfig", "configs/demo.yaml", "temperature=0")
     demo.add_argument("--json", help="also write the full report to this JSON file")
     demo.set_defaults(func=_demo)
 
+
+def _add_rollouts_parser(sub) -> None:
     rollouts = sub.add_parser(
         "rollouts",
         help="strict vs MARS GRPO rollouts on the tiny world through the Ray pool",
@@ -78,20 +69,33 @@ def build_parser() -> argparse.ArgumentParser:
         "top-1/top-2 bias against exact sampling, importance ratios, mean reward) and write every "
         "trajectory with its per-token record to JSONL.",
     )
-    rollouts.add_argument("--config", help="YAML overriding CompareConfig (see configs/rollouts*.yaml)")
-    rollouts.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one field")
+    add_config_args(rollouts, "CompareConfig", "configs/rollouts.yaml", "num_prompts=4")
     rollouts.add_argument("--no-progress", action="store_true", help="no progress bars")
     rollouts.set_defaults(func=_rollouts)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every command registered the same way: an ``add_*_parser(subparsers)`` of its own module, which
+    takes its config arguments from ``config.add_config_args``."""
     from .drafter.cli import add_draft_parser
     from .experiment.cli import add_train_parser
     from .report.cli import add_report_parser
     from .tinyworld.cli import add_tinyworld_parser
 
-    add_train_parser(sub)
-    add_draft_parser(sub)
-    add_tinyworld_parser(sub)
-    add_report_parser(sub)
+    parser = argparse.ArgumentParser(
+        prog="marsrl",
+        description="Speculative rollouts for RL post-training with MARS margin-aware verification.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (
+        _add_demo_parser,
+        _add_rollouts_parser,
+        add_train_parser,
+        add_draft_parser,
+        add_tinyworld_parser,
+        add_report_parser,
+    ):
+        add(sub)
     return parser
 
 

@@ -5,6 +5,7 @@ and the file.  Cross-field checks live in each dataclass's ``__post_init__``.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import types
 import typing
@@ -60,6 +61,23 @@ def build_config(cls: type[C], values: dict[str, Any], where: str = "config") ->
         return cls(**kwargs)
     except ValueError as err:
         raise ConfigError(f"{where}: {err}") from err
+
+
+def add_config_args(
+    parser: argparse.ArgumentParser, what: str, config_example: str, set_example: str
+) -> None:
+    """``--config FILE`` and ``--set KEY=VALUE`` (repeatable) on one command's parser: the YAML file and
+    the overrides ``load_config`` applies over ``what``'s defaults (``args.config``, ``args.set``).  Every
+    command that reads a config takes them from here, so they read and behave alike."""
+    parser.add_argument(
+        "--config", metavar="FILE", help=f"YAML file overriding {what}'s defaults (e.g. {config_example})"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help=f"override one field of {what}, YAML-typed (repeatable), e.g. --set {set_example}",
+    )
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..config import add_config_args
+
 
 def add_train_parser(sub) -> None:
     p = sub.add_parser(
@@ -15,13 +17,7 @@ def add_train_parser(sub) -> None:
         "logged in), write outputs/<experiment>/<arm>/ (metrics.jsonl, samples.jsonl, eval.json, "
         "checkpoints) and finish with `marsrl report` on the experiment folder.",
     )
-    p.add_argument("--config", help="the experiment YAML (e.g. configs/grpo_tiny.yaml)")
-    p.add_argument(
-        "--set",
-        action="append",
-        metavar="KEY=VALUE",
-        help="override one field, YAML-typed, dots into sections (repeatable): --set trainer.max_steps=5",
-    )
+    add_config_args(p, "the experiment", "configs/grpo_tiny.yaml", "trainer.max_steps=5")
     p.add_argument(
         "--resume",
         action="store_true",
