@@ -38,10 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
+from transformers import TrainerCallback
+
 # name -> overrides over the config file (``--set`` syntax); the first ones are the learning-rate and
 # batch axes, then KL, loss type, completion length, steps
 RUNS: dict[str, list[str]] = {
     "base": [],
+    "lr5e-5": ["trainer.learning_rate=5.0e-5"],
+    "lr1e-4": ["trainer.learning_rate=1.0e-4"],
     "lr1e-3": ["trainer.learning_rate=1.0e-3"],
     "lr3e-3": ["trainer.learning_rate=3.0e-3"],
     "lr1e-3_cos": [
@@ -93,6 +97,23 @@ def _before_key(cfg, sources, kw: dict) -> str:
     )
 
 
+class _StepLine(TrainerCallback):
+    """One stderr line per step (reward, seconds) to follow a run."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "reward" in logs:
+            extra = "".join(f" {k} {v:.3f}" for k, v in logs.items() if k.startswith("eval_") and "acc" in k)
+            print(
+                f"{self.name} step {state.global_step}: reward {logs['reward']:.3f}"
+                f" {logs.get('step_seconds', float('nan')):.1f} s{extra}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
 def run_one(name: str, overrides: list[str], config: str, work: Path, befores: dict) -> dict:
     """Train the strict arm of one configuration; its figures (see the module docstring)."""
     import torch
@@ -138,6 +159,7 @@ def run_one(name: str, overrides: list[str], config: str, work: Path, befores: d
         trainer.remove_callback(ProgressCallback)
         callback = HeldoutEvalCallback(tokenizer, heldout, out, every=cfg.eval.every, before=before, **kw)
         callback.attach(trainer)
+        trainer.add_callback(_StepLine(name))
         started = time.perf_counter()
         load0 = os.getloadavg()[0]
         cpu0 = time.process_time()
