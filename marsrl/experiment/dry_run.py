@@ -11,6 +11,10 @@ it reads the local cache only, and a source that is not there stops it with one 
 ``ExperimentError``: exit code 2). GSM8K from the hub, offline and not cached, is shown from the shared copy
 of its test split (``SHARED_GSM8K``) when that exists, labelled as such.
 
+It works in two passes: ``plan`` gathers everything once, in the order a run would fail on it (each
+piece from the function of ``run.py`` a run calls), into a ``Plan``; ``render`` turns that plan into the
+text and calls nothing of ``run.py``.
+
 Leaves out: loading weights, starting Ray, building a tiny world that is not built yet (it says where it
 would go and renders prompts in a plain chat layout), and what only exists at launch (the process group, the
 GPUs themselves, DeepSpeed's own batch checks).
@@ -26,12 +30,15 @@ import textwrap
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from .config import ArmConfig, ExperimentConfig, dump_experiment
 from .run import ExperimentError, Sources, arm_dir, load_data, pool_config, resolve_sources, trainer_args
+
+if TYPE_CHECKING:
+    from ..rollout.config import PoolConfig
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"  # GSM8K's test split, when present
@@ -62,17 +69,79 @@ class _Model:
     head: Any = None  # the drafter's Eagle3Config
 
 
+@dataclass
+class _Batch:
+    """The batch a run would use at the planned rank count."""
+
+    per_generation: int  # completions per pool call (generation_batch_size)
+    per_step: int  # completions per optimizer step
+
+
+@dataclass
+class _Data:
+    """The data section's facts: counts of what ``run.load_data`` loaded and the first rows, or (the hub
+    offline, GSM8K not cached) the first rows of ``SHARED_GSM8K``."""
+
+    shown: list[tuple[Any, Any]]  # (prompt messages, gold answer) of the first SHOW_ROWS rows
+    n_train: int | None = None  # training prompts loaded; None: not loaded, rows from SHARED_GSM8K
+    n_heldout: int | None = None  # held-out problems loaded
+    shared_rows: int = 0  # rows of SHARED_GSM8K, when the rows come from it
+
+
+@dataclass
+class Plan:
+    """What ``marsrl train --dry-run`` reports, gathered once by ``plan``; ``render`` only formats it."""
+
+    cfg: ExperimentConfig
+    arms: list[tuple[ArmConfig, Any]]  # each arm with its MarsGRPOConfig (run.trainer_args)
+    notes: list[str]  # warnings building the first arm's MarsGRPOConfig raised
+    ranks: int | None  # trainer processes (None: unknown until launch)
+    ranks_from: str  # where that number comes from
+    sources: Sources  # run.resolve_sources, without building a tiny world
+    world_notes: list[str]
+    pools: list[PoolConfig]  # each arm's (run.pool_config)
+    batch: _Batch | None  # None when ranks is unknown
+    model: _Model
+    data: _Data
+    zero: int | None  # the DeepSpeed ZeRO stage (None: no DeepSpeed)
+
+
 def dry_run(cfg: ExperimentConfig) -> str:
     """The report (multi-line text). Raises ExperimentError (one line) for what a run would fail on: the
     config's own checks first, then the sources (the hub), then the data."""
-    arms = [(arm, _trainer(cfg, arm)) for arm in cfg.arms]
-    args, logged = arms[0][1]
+    return render(plan(cfg))
+
+
+def plan(cfg: ExperimentConfig) -> Plan:
+    """Everything the report shows, in the order a run would fail on it (ExperimentError, one line)."""
+    built = [(arm, _trainer(cfg, arm)) for arm in cfg.arms]
+    arms = [(arm, args) for arm, (args, _) in built]
+    args, notes = built[0][1]
     ranks, ranks_from = trainer_ranks(args.deepspeed)
     sources, world_notes = plan_sources(cfg)
     pools = [pool_config(cfg, arm, sources) for arm in cfg.arms]
-    trainer = _trainer_lines(cfg, arms, pools[0], ranks, logged)
+    batch = _batch(cfg, args, ranks)
     model = _inspect_sources(sources)
-    data = _data_lines(cfg, sources, model.tokenizer, args.chat_template_kwargs or {})
+    data = _load_data(cfg, sources)
+    return Plan(
+        cfg=cfg,
+        arms=arms,
+        notes=notes,
+        ranks=ranks,
+        ranks_from=ranks_from,
+        sources=sources,
+        world_notes=world_notes,
+        pools=pools,
+        batch=batch,
+        model=model,
+        data=data,
+        zero=zero_stage(args.deepspeed),
+    )
+
+
+def render(plan: Plan) -> str:
+    """The report's text from a plan."""
+    cfg, args = plan.cfg, plan.arms[0][1]
     sections = [
         f"marsrl train --dry-run: experiment {cfg.experiment!r} "
         "(no weights loaded, Ray not started, nothing written)",
@@ -81,19 +150,19 @@ def dry_run(cfg: ExperimentConfig) -> str:
         dump_experiment(cfg).rstrip(),
         "",
         "== sources ==",
-        *_sources_lines(sources, model, world_notes),
+        *_sources_lines(plan.sources, plan.model, plan.world_notes),
         "",
         "== resources ==",
-        *_resource_lines(cfg, args, pools[0], model, ranks, ranks_from),
+        *_resource_lines(plan),
         "",
         "== trainer (MarsGRPOConfig via run.trainer_args, every arm) ==",
-        *trainer,
+        *_trainer_lines(plan),
         "",
         "== pool (PoolConfig; arms differ only in worker.engine rule / theta / relax_prob) ==",
-        yaml.safe_dump(pools[0].to_dict(), sort_keys=False).rstrip(),
+        yaml.safe_dump(plan.pools[0].to_dict(), sort_keys=False).rstrip(),
         "",
         "== data ==",
-        *data,
+        *_data_lines(cfg, plan.data, plan.model.tokenizer, args.chat_template_kwargs or {}),
     ]
     return "\n".join(sections) + "\n"
 
@@ -329,8 +398,9 @@ def _gb(n_bytes: float) -> str:
     return f"{n_bytes / 1e9:.1f} GB"
 
 
-def _resource_lines(cfg, args, pool, model: _Model, ranks, ranks_from) -> list[str]:
-    stage = zero_stage(args.deepspeed)
+def _resource_lines(plan: Plan) -> list[str]:
+    cfg, args, pool, model, ranks = plan.cfg, plan.arms[0][1], plan.pools[0], plan.model, plan.ranks
+    stage = plan.zero
     ds = (
         "no DeepSpeed"
         if stage is None
@@ -341,7 +411,7 @@ def _resource_lines(cfg, args, pool, model: _Model, ranks, ranks_from) -> list[s
         precision = "CPU (this machine has no CUDA: use_cpu, fp32; on GPUs trainer_args picks bf16)"
     else:
         precision = "bf16" if args.bf16 else ("fp16" if args.fp16 else "fp32")
-    out = [f"trainer     {n_ranks} rank(s) ({ranks_from})", f"            {ds}, {precision}"]
+    out = [f"trainer     {n_ranks} rank(s) ({plan.ranks_from})", f"            {ds}, {precision}"]
     params = model.parameters
     if params is not None:
         whole, split = STATE_BYTES.get(stage or 0, STATE_BYTES[0])
@@ -408,21 +478,31 @@ def _pool_warnings(cfg, pool) -> list[str]:
 # ---------------------------------------------------------------------------------------- trainer
 
 
-def _trainer_lines(cfg, arms, pool, ranks, logged) -> list[str]:
-    args = arms[0][1][0]
+def _batch(cfg: ExperimentConfig, args, ranks: int | None) -> _Batch | None:
+    """The batch at ``ranks`` trainer processes; raises ExperimentError where TRL would refuse it at
+    launch (a generation_batch_size that is not a multiple of the ranks' batch)."""
+    if ranks is None:
+        return None
+    pd, ga = args.per_device_train_batch_size, args.gradient_accumulation_steps
+    if "generation_batch_size" in cfg.trainer:
+        gbs = args.generation_batch_size
+        if gbs % (pd * ranks):  # TRL checks this at launch, against the real world size
+            raise ExperimentError(
+                f"trainer: generation_batch_size {gbs} is not a multiple of "
+                f"per_device_train_batch_size x {ranks} ranks = {pd * ranks}"
+            )
+    else:  # a multiple of num_generations at any rank count, since TRL checked it at one rank
+        gbs = pd * ranks * args.steps_per_generation
+    return _Batch(per_generation=gbs, per_step=pd * ga * ranks)
+
+
+def _trainer_lines(plan: Plan) -> list[str]:
+    cfg, arms, pool, ranks = plan.cfg, plan.arms, plan.pools[0], plan.ranks
+    args = arms[0][1]
     pd, ga, g = args.per_device_train_batch_size, args.gradient_accumulation_steps, args.num_generations
     out = []
-    if ranks is not None:
-        if "generation_batch_size" in cfg.trainer:
-            gbs = args.generation_batch_size
-            if gbs % (pd * ranks):  # TRL checks this at launch, against the real world size
-                raise ExperimentError(
-                    f"trainer: generation_batch_size {gbs} is not a multiple of "
-                    f"per_device_train_batch_size x {ranks} ranks = {pd * ranks}"
-                )
-        else:  # a multiple of num_generations at any rank count, since TRL checked it at one rank
-            gbs = pd * ranks * args.steps_per_generation
-        step = pd * ga * ranks
+    if plan.batch is not None:
+        gbs, step = plan.batch.per_generation, plan.batch.per_step
         out.append(
             f"batch       {pd} per device x {ga} accumulation x {ranks} rank(s) = {step} completions per "
             f"optimizer step ({step / g:g} prompts x G {g})"
@@ -436,12 +516,12 @@ def _trainer_lines(cfg, arms, pool, ranks, logged) -> list[str]:
     fields = ", ".join(f"{k}={_short(getattr(args, k))}" for k in shown if hasattr(args, k))
     out += textwrap.wrap(fields, 112, initial_indent="fields      ", subsequent_indent=" " * 12)
     out.append(f"{'arm':<12}{'rule':<10}{'theta':>6}{'lambda':>8}  {'is_correction':<18}{'clip':<12}run_name")
-    for arm, (a, _) in arms:
+    for arm, a in arms:
         out.append(
             f"{arm.name:<12}{arm.rule:<10}{arm.theta:>6g}{arm.relax_prob:>8g}  {a.is_correction:<18}"
             f"{f'[{a.is_clip_min}, {a.is_clip_max}]':<12}{a.run_name}"
         )
-    out += [f"note        {w}" for w in logged]
+    out += [f"note        {w}" for w in plan.notes]
     return out
 
 
@@ -453,7 +533,9 @@ def _short(value) -> str:
 # ---------------------------------------------------------------------------------------- data
 
 
-def _data_lines(cfg, sources, tokenizer, template_kwargs) -> list[str]:
+def _load_data(cfg: ExperimentConfig, sources: Sources) -> _Data:
+    """``run.load_data``'s counts and first rows; GSM8K's shared test split when the hub is offline and
+    GSM8K is not cached; ExperimentError otherwise."""
     from ..data import extract_answer, prompt_messages
 
     d = cfg.data
@@ -472,23 +554,32 @@ def _data_lines(cfg, sources, tokenizer, template_kwargs) -> list[str]:
             ) from None
         lines = SHARED_GSM8K.read_text().splitlines()
         rows = [json.loads(line) for line in lines[:SHOW_ROWS]]
+        shown = [(prompt_messages(r["question"]), extract_answer(r["answer"])) for r in rows]
+        return _Data(shown=shown, shared_rows=len(lines))
+    shown = [(train[i]["prompt"], train[i]["answer"]) for i in range(min(SHOW_ROWS, len(train)))]
+    return _Data(shown=shown, n_train=len(train), n_heldout=len(heldout))
+
+
+def _data_lines(cfg: ExperimentConfig, data: _Data, tokenizer, template_kwargs) -> list[str]:
+    d = cfg.data
+    if data.n_train is None:
         out = [
             f"source      {d.source!r} ({d.hub_config}, {d.train_split} / {d.eval_split}) is not cached "
             "and the hub is offline: not loaded",
-            f"shown       the first {len(rows)} of {len(lines)} rows of {SHARED_GSM8K} (GSM8K's test split, "
-            f"the run's first held-out problems; n_eval {d.n_eval}, n_train {d.n_train or 'all'})",
+            f"shown       the first {len(data.shown)} of {data.shared_rows} rows of {SHARED_GSM8K} (GSM8K's "
+            f"test split, the run's first held-out problems; n_eval {d.n_eval}, "
+            f"n_train {d.n_train or 'all'})",
         ]
-        shown = [(prompt_messages(r["question"]), extract_answer(r["answer"])) for r in rows]
     else:
-        out = [f"source      {d.source!r}: {len(train)} training prompts, {len(heldout)} held-out problems"]
-        shown = [(train[i]["prompt"], train[i]["answer"]) for i in range(min(SHOW_ROWS, len(train)))]
+        loaded = f"{data.n_train} training prompts, {data.n_heldout} held-out problems"
+        out = [f"source      {d.source!r}: {loaded}"]
     layout = (
         "the model's chat template" if tokenizer is not None else "a plain chat layout (no tokenizer yet)"
     )
     if template_kwargs:
         layout += f" with chat_template_kwargs {template_kwargs}"
     out.append(f"rendered    with {layout}")
-    for i, (messages, gold) in enumerate(shown):
+    for i, (messages, gold) in enumerate(data.shown):
         text = _render(tokenizer, messages, template_kwargs)
         size = (
             ""
