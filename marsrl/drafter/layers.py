@@ -161,7 +161,7 @@ class TTTBlocks:
 
     Step j's query row t sees block 0's keys s <= t that are real (``key_valid``; always its own) and
     row t of blocks 1..j: causal over the first block plus the diagonal of every later one.  The result
-    equals dense masked attention over all (j+1)*T keys with ``marsrl.drafter.train.ttt_attention_mask``
+    equals dense masked attention over all (j+1)*T keys with ``marsrl.drafter.ttt.ttt_attention_mask``
     (tested), at O(T^2 + jT) cost per step, and no [T, T] score matrix is kept for backward:
 
     - Block 0 runs through fused SDPA with the [T, T] mask (folded over the G query heads of each kv head

@@ -16,7 +16,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-import marsrl.drafter.train as train_mod
+import marsrl.drafter.ttt as ttt_mod
 from marsrl.drafter.layers import TTTBlocks
 
 
@@ -71,12 +71,12 @@ class OldTTTBlocks(TTTBlocks):
 @contextlib.contextmanager
 def old_ttt_blocks():
     """``ttt_unroll`` builds ``OldTTTBlocks`` inside the block."""
-    real = train_mod.TTTBlocks
-    train_mod.TTTBlocks = OldTTTBlocks
+    real = ttt_mod.TTTBlocks
+    ttt_mod.TTTBlocks = OldTTTBlocks
     try:
         yield
     finally:
-        train_mod.TTTBlocks = real
+        ttt_mod.TTTBlocks = real
 
 
 def old_ttt_loss(drafter, batch, steps=7, decay=0.8):
@@ -91,7 +91,7 @@ def old_ttt_loss(drafter, batch, steps=7, decay=0.8):
     total = logits_t.new_zeros(())
     metrics = {}
     with old_ttt_blocks():  # the unroll builds its blocks at its first step
-        unrolled = train_mod.ttt_unroll(drafter, batch.features, batch.input_ids, steps, batch.attention_mask)
+        unrolled = ttt_mod.ttt_unroll(drafter, batch.features, batch.input_ids, steps, batch.attention_mask)
         for j, (logits, _) in enumerate(unrolled):
             s = j + 1
             n_rows = max(t - s, 0)

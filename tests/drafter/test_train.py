@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+import marsrl.drafter.offline as offline_mod
 import marsrl.drafter.train as train_mod
 from marsrl.drafter import Eagle3Drafter, FeatureTap
 from marsrl.drafter.cli import main as cli_main
@@ -428,7 +429,7 @@ def test_a_save_killed_before_its_state_keeps_the_previous_checkpoint(target, tm
     kw = dict(epochs=1, batch_size=4, max_len=12, seed=0, progress=False)
     head = Eagle3Drafter.from_target(target, token_ids=torch.arange(V))
     train_offline(target, head, seqs, out_dir=tmp_path, max_steps=1, **kw)
-    partial = tmp_path / train_mod._PARTIAL
+    partial = tmp_path / offline_mod._PARTIAL
     head.save_pretrained(partial)  # a later save killed before its trainer state was written
     lm_before = Eagle3Drafter.from_pretrained(tmp_path, target=target).lm_head.weight.clone()
     resumed = Eagle3Drafter.from_target(target, token_ids=torch.arange(V))
