@@ -173,3 +173,36 @@ def test_padding_of_the_kept_rows_changes_nothing(folder):
     assert together["draft/positions"] == apart["draft/positions"] > 0
     assert together["draft/loss"] == pytest.approx(apart["draft/loss"], rel=1e-5)
     assert together["draft/grad_norm"] == pytest.approx(apart["draft/grad_norm"], rel=1e-5)
+
+
+def test_refresher_state_round_trip_continues_the_same_run(folder):
+    """A refresher rebuilt from another's state_dict (optimizer moments, schedule position, count) and
+    the same head weights takes the same next step, to the bit: what a resumed run relies on. Warm-up 3
+    steps, so a schedule restarted from 0 would step with another learning rate."""
+    policy = AutoModelForCausalLM.from_pretrained(folder).eval()
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, policy.config.vocab_size, (3, 10), generator=gen)
+    attn = torch.ones_like(ids, dtype=torch.bool)
+    cmask = torch.ones(3, 5, dtype=torch.bool)
+    args = _args("/tmp/unused", fuse=True, draft_refresh_warmup_steps=3)
+    head = tiny_head(policy, seed=7)
+    features, hidden = _captured(policy, head, ids, attn)
+    lm_head = policy.get_output_embeddings()
+
+    first = DraftRefresher(head, args, total_refreshes=4)
+    for _ in range(2):
+        first.add(features, hidden, ids, attn, cmask, share=1.0)
+        first.refresh(lm_head)
+    copy_head = copy.deepcopy(head)
+    second = DraftRefresher(copy_head, args, total_refreshes=4)
+    second.load_state_dict(copy.deepcopy(first.state_dict()))
+    assert second.refreshes == 2
+    for refresher in (first, second):
+        refresher.add(features, hidden, ids, attn, cmask, share=1.0)
+    a, b = first.refresh(lm_head), second.refresh(lm_head)
+    assert a["draft/lr"] == b["draft/lr"] == pytest.approx(args.draft_refresh_lr)  # warm-up over
+    for (name, p), q in zip(head.named_parameters(), copy_head.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    fresh = DraftRefresher(copy.deepcopy(copy_head), args, total_refreshes=4)
+    fresh.add(features, hidden, ids, attn, cmask, share=1.0)
+    assert fresh.refresh(lm_head)["draft/lr"] < args.draft_refresh_lr  # without the state: warm-up again
