@@ -193,7 +193,14 @@ def test_command_check_catches_unknown_flags_and_commands():
 
 def _config_classes() -> dict[str, type]:
     from marsrl.engine import EngineConfig, TreeConfig
-    from marsrl.experiment.config import ArmConfig, DataConfig, EvalConfig, ExperimentConfig, WandbConfig
+    from marsrl.experiment.config import (
+        ArmConfig,
+        DataConfig,
+        EvalConfig,
+        ExperimentConfig,
+        ReportConfig,
+        WandbConfig,
+    )
     from marsrl.rollout import PoolConfig, WorkerConfig
 
     classes = (
@@ -201,6 +208,7 @@ def _config_classes() -> dict[str, type]:
         DataConfig,
         EvalConfig,
         WandbConfig,
+        ReportConfig,
         ArmConfig,
         PoolConfig,
         WorkerConfig,

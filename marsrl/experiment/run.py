@@ -373,8 +373,9 @@ def run_arm(
             cfg, settings, lambda: evaluate_policy(model, tokenizer, heldout, **settings)
         )
         _atomic_write(eval_path, json.dumps(evals, indent=2))
+    threads = torch.get_num_threads()
     pool = build_pool(cfg, arm, sources)
-    torch.set_num_threads(trainer_threads(cfg))  # after the pool: an in-process worker sets its own
+    torch.set_num_threads(trainer_threads(cfg, threads))  # after the pool: a local worker sets its own
     trainer = None
     try:
         trainer = MarsGRPOTrainer(
@@ -439,17 +440,19 @@ def _before_training(cfg: ExperimentConfig, settings: dict, compute) -> dict:
     return result
 
 
-def trainer_threads(cfg: ExperimentConfig) -> int:
-    """``cfg.torch_threads``, else the cores the rollout workers leave: with the Ray backend the actors run
-    beside the trainer (cores - num_actors x worker threads, at least 1); the local worker runs in turn
-    with the trainer in one process, so it takes the worker's threads, else every core."""
+def trainer_threads(cfg: ExperimentConfig, current: int) -> int:
+    """``cfg.torch_threads``, else ``current`` (torch's thread count, which honours OMP_NUM_THREADS) cut
+    to the cores the rollout workers leave: with the Ray backend the actors run beside the trainer
+    (cores - num_actors x worker threads, at least 1); the local worker runs in turn with the trainer in
+    one process, so ``current`` (set by the worker when its ``torch_threads`` is) stands. More threads
+    than free cores do not speed a step up: OpenMP threads that wait for a core spin."""
     if cfg.torch_threads is not None:
         return cfg.torch_threads
-    cores = os.cpu_count() or 1
-    worker = (cfg.pool.get("worker") or {}).get("torch_threads")
     if cfg.pool_backend == "local":
-        return worker or cores
-    return max(1, cores - int(cfg.pool.get("num_actors", 1)) * (worker or 1))
+        return current
+    worker = (cfg.pool.get("worker") or {}).get("torch_threads") or 1
+    free = (os.cpu_count() or 1) - int(cfg.pool.get("num_actors", 1)) * worker
+    return max(1, min(current, free))
 
 
 def fault_point(name: str) -> None:
@@ -554,9 +557,10 @@ def run_timing(cfg: ExperimentConfig, sources: Sources, data, root: Path, progre
     prompt_ids = render_prompts(tokenizer, problems, getattr(args, "chat_template_kwargs", None))
     base = resolve_sampling(args, eos_token_ids=[tokenizer.eos_token_id])
     sampling = dataclasses.replace(base, n=group, seed=cfg.seed)
+    threads = torch.get_num_threads()
     pools = {arm.name: LocalPool(pool_config(cfg, arm, sources).worker) for arm in cfg.arms}
     pools[reference.name + AA_SUFFIX] = LocalPool(pool_config(cfg, reference, sources).worker)
-    torch.set_num_threads(trainer_threads(cfg))
+    torch.set_num_threads(trainer_threads(cfg, threads))
     for pool in pools.values():  # warm-up: first-call allocations stay out of the figures
         pool.generate(prompt_ids[:1], dataclasses.replace(sampling, n=1))
     arms = measure(pools, prompt_ids, sampling, cfg.timing_repeats, say=print if progress else None)

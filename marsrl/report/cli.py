@@ -4,26 +4,62 @@
                                        [--wandb]
 
 OUT_DIR is an experiment folder (one sub-folder per arm, as ``marsrl train`` writes), a wandb run folder
-(``.../wandb/offline-run-*``) or a folder of them.  Input problems print one line naming the file and
+(``.../wandb/offline-run-*``) or a folder of them. An experiment run at several seeds (``seed-<s>/``
+sub-folders) gets each seed's report in its folder and the aggregate over seeds (``seeds.md``,
+``seeds.json``) in OUT_DIR/report.  Input problems print one line naming the file and
 exit with code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from .base import ReportError
 from .table import FINAL_FRAC
 
 
+def _seed_folders(folder: Path) -> list[Path]:
+    """The ``seed-<s>`` sub-folders of an experiment run at several seeds (none for one seed)."""
+    if not folder.is_dir():
+        return []
+    return sorted(
+        (p for p in folder.glob("seed-*") if p.is_dir() and p.name[5:].lstrip("-").isdigit()),
+        key=lambda p: int(p.name[5:]),
+    )
+
+
 def _report(args: argparse.Namespace) -> int:
+    seeds = _seed_folders(Path(args.out_dir))
+    if not seeds:
+        return _one_report(args, args.out_dir, args.out)
+    from .seeds import format_markdown, write_seed_report
+
+    root = Path(args.out_dir)
+    out = Path(args.out) if args.out else root / "report"
+    tables = {}
+    for folder in seeds:
+        code = _one_report(args, folder, str(out / folder.name) if args.out else None)
+        if code:
+            return code
+        tables[folder.name] = json.loads(
+            ((out / folder.name) if args.out else folder / "report").joinpath("table.json").read_text()
+        )
+    agg = write_seed_report(root, tables, out)
+    print(format_markdown(agg, root.name))
+    print(f"wrote {out}: seeds.md, seeds.json (each seed's report in its folder)")
+    return 0
+
+
+def _one_report(args: argparse.Namespace, path, out) -> int:
     from .build import build_report
 
     try:
         report = build_report(
-            args.out_dir,
-            out_dir=args.out,
+            path,
+            out_dir=out,
             final_frac=args.final_frac,
             samples_per_arm=args.samples,
             to_wandb=args.wandb,

@@ -234,7 +234,7 @@ def test_trainer_and_pool_fields_are_checked(monkeypatch):
     )  # pool and trainer keys: at load once load_experiment checks them
     with pytest.raises(refused, match="max_stepz"):
         dry_run(load_experiment(path, ["trainer.max_stepz=3"]))
-    with pytest.raises(ExperimentError, match="temperature must be > 0"):
+    with pytest.raises(refused, match="temperature must be > 0"):
         dry_run(load_experiment(path, ["trainer.temperature=0"]))
     with pytest.raises(refused, match="num_actorz"):
         dry_run(load_experiment(path, ["pool.num_actorz=3"]))
