@@ -1,20 +1,31 @@
-"""Helpers the benches share: interleaved repeated timing with a minimum duration, medians with their
-spread, probing whether an EngineConfig option exists, and summaries of the engine's per-call stats
-(``k_per_round``, ``host_syncs``, ``cache_bytes_copied``, and with ``profile=True`` ``time``,
+"""The harness every bench uses, and helpers they share.
+
+The harness: ``compare`` times several variants ``repeats`` times, interleaved in rotated order, into a
+``Timings`` (medians, spreads, a ratio of two variants with a paired bootstrap interval); ``interleaved``
+is the same rotation for a bench whose measurement is more than a timed call (a seed per repeat, an
+engine's per-call stats), with ``clock`` for one call and ``timed`` for a call repeated for a minimum
+duration; ``ratio_of_sums`` / ``pooled_ratio_of_sums`` give the ratio of
+two systems' tokens/s over paired calls with its interval; ``emit`` prints the bench's one JSON object on
+stdout.  Besides: probing whether an EngineConfig option exists, and summaries of the engine's per-call
+stats (``k_per_round``, ``host_syncs``, ``cache_bytes_copied``, and with ``profile=True`` ``time``,
 ``forward_by_width`` and ``trace``), read with ``.get()`` so a bench runs on engines that lack some.
 
-Imports only the standard library: bench/gpu.py runs on a machine that has torch, transformers and
+Imports only the standard library: ``bench.gpu`` runs on a machine that has torch, transformers and
 marsrl's own modules and nothing else.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 
 def spread(values: list[float], digits: int = 4) -> dict:
@@ -105,6 +116,81 @@ def interleaved(names: list[str], repeats: int, measure: Callable[[str, int], di
         for name in names[shift:] + names[:shift]:
             runs[name].append(measure(name, rep))
     return runs
+
+
+def _bootstrap(statistic: Callable[[list[int]], float], n: int, resamples: int, seed: int, level: float):
+    """Percentile bounds of ``statistic`` over ``resamples`` resamplings (with replacement, from
+    ``random.Random(seed)``) of the indices 0..n-1."""
+    rng = random.Random(seed)
+    boots = sorted(statistic(rng.choices(range(n), k=n)) for _ in range(resamples))
+    return boots[int((1 - level) / 2 * (resamples - 1))], boots[int((1 + level) / 2 * (resamples - 1))]
+
+
+@dataclass
+class Timings:
+    """What ``compare`` measured: per variant, one entry per repeat in repeat order, so entry i of two
+    variants was taken in the same rotation.  ``seconds[name][i]`` is the median over the repeat's calls;
+    ``results[name][i]`` what the repeat's last call returned."""
+
+    seconds: dict[str, list[float]]
+    results: dict[str, list[Any]]
+
+    def median(self, name: str) -> float:
+        """The variant's median seconds over its repeats."""
+        return statistics.median(self.seconds[name])
+
+    def spread(self, name: str, digits: int = 4) -> dict:
+        """Median, min, max and interquartile range of the variant's seconds (``spread``)."""
+        return spread(self.seconds[name], digits)
+
+    def ratio(
+        self, num: str, den: str, resamples: int = 2000, seed: int = 0, level: float = 0.9, digits: int = 4
+    ) -> dict:
+        """Median seconds of ``num`` over median seconds of ``den`` (< 1: ``num`` is faster) and a
+        ``level`` bootstrap interval, the repeats resampled as pairs (a slow spell that hit both
+        variants of a repeat stays paired)."""
+        a, b = self.seconds[num], self.seconds[den]
+
+        def stat(idx: list[int]) -> float:
+            return statistics.median(a[i] for i in idx) / statistics.median(b[i] for i in idx)
+
+        lo, hi = _bootstrap(stat, len(a), resamples, seed, level)
+        value = stat(list(range(len(a))))
+        return {"value": round(value, digits), "ci": [round(lo, digits), round(hi, digits)], "level": level,
+                "n": len(a)}  # fmt: skip
+
+
+def clock(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """One call of ``fn``: (wall seconds, what it returned)."""
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def compare(variants: dict[str, Callable[[], Any]], repeats: int, warmup: int = 0, calls: int = 1) -> Timings:
+    """Time each variant ``repeats`` times, interleaved in rotated order (``interleaved``), after
+    ``warmup`` untimed calls of each.  A repeat's figure is the median wall seconds of ``calls``
+    back-to-back calls (a call preempted by a neighbour's burst moves it less)."""
+    for _ in range(warmup):
+        for fn in variants.values():
+            fn()
+
+    def measure(name: str, rep: int) -> tuple[float, Any]:
+        runs = [clock(variants[name]) for _ in range(calls)]
+        return statistics.median(s for s, _ in runs), runs[-1][1]
+
+    runs = interleaved(list(variants), repeats, measure)
+    return Timings(
+        seconds={name: [s for s, _ in rs] for name, rs in runs.items()},
+        results={name: [r for _, r in rs] for name, rs in runs.items()},
+    )
+
+
+def emit(out: dict, indent: int = 2) -> dict:
+    """Print the bench's one JSON object on stdout (its progress goes to stderr) and return it."""
+    json.dump(out, sys.stdout, indent=indent, default=float)
+    print()
+    return out
 
 
 def option_supported(cls, **kwargs) -> bool:

@@ -1,9 +1,9 @@
 """How steady the adaptive mode's cost model is: calibrate the same engine several times and compare.
 
-    python bench/calibration.py                     # default world, max batch 128, K = 7, 4 calibrations
-    python bench/calibration.py --calibrations 8 --acceptance 0.8 0.9
-    python bench/calibration.py --preset micro --max-batch 8 --calibrations 2   # a smoke run
-    python bench/calibration.py --repeats 3 6      # calibrate's runs a size: 3 (the default) against 6
+    python -m bench.calibration                     # default world, max batch 128, K = 7, 4 calibrations
+    python -m bench.calibration --calibrations 8 --acceptance 0.8 0.9
+    python -m bench.calibration --preset micro --max-batch 8 --calibrations 2   # a smoke run
+    python -m bench.calibration --repeats 3 6      # calibrate's runs a size: 3 (the default) against 6
 
 ``num_draft_tokens="auto"`` chooses each round's k from a cost model measured once per engine
 (``SpeculativeEngine.calibrate``).  Near the optimum the expected tokens per second of neighbouring k

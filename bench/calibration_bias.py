@@ -1,9 +1,9 @@
 """Does the adaptive mode's calibration price each k as a run at that k costs?  Its figures against
 runs at fixed k, for two ways of cycling the k's.
 
-    python bench/calibration_bias.py                          # default world, 32 rows, mars, 4 repeats
-    python bench/calibration_bias.py --rows 128 --rule strict --repeats 3
-    python bench/calibration_bias.py --preset micro --rows 8 --repeats 1 --max-draft-tokens 2   # smoke
+    python -m bench.calibration_bias                          # default world, 32 rows, mars, 4 repeats
+    python -m bench.calibration_bias --rows 128 --rule strict --repeats 3
+    python -m bench.calibration_bias --preset micro --rows 8 --repeats 1 --max-draft-tokens 2   # smoke
 
 A round's drafter first absorbs what the round before it kept.  ``SpeculativeEngine.calibrate`` cycles
 k = 0 .. K; with one round a k (``--repeat`` 1) a timed round

@@ -3,10 +3,10 @@ the cost model reads (fitted to the rounds of every k at once, ``context_line``)
 k's own figure (an alternative), and one figure pooled over every k >= 1 (a simpler alternative); all
 four from the same timed rounds.
 
-    python bench/context_slope.py                  # default world, 32 rows, mars, 3 calibrations
-    python bench/context_slope.py --rows 128 --rule strict
-    python bench/context_slope.py --rows 128 --rule strict --repeats 6   # twice the timed rounds a k
-    python bench/context_slope.py --preset micro --rows 8 --calibrations 1 --max-draft-tokens 2   # smoke
+    python -m bench.context_slope                  # default world, 32 rows, mars, 3 calibrations
+    python -m bench.context_slope --rows 128 --rule strict
+    python -m bench.context_slope --rows 128 --rule strict --repeats 6   # twice the timed rounds a k
+    python -m bench.context_slope --preset micro --rows 8 --calibrations 1 --max-draft-tokens 2   # smoke
 
 Each calibration runs what ``SpeculativeEngine.calibrate`` runs at one batch size
 (``SpeculativeEngine.calibration_runs``: ``--repeats`` calls, three by default, cycling k = 0 .. K, two

@@ -1,15 +1,15 @@
 """Drafter memory and time, the former code paths against the current ones, side by side in one run on
 the CPU (GPU figures are the analytic section's, not measurements).
 
-    python bench/draft_memory.py                          # small + scaled shapes, 3 interleaved repeats
-    python bench/draft_memory.py --shapes small --repeats 1   # a quick look (a few seconds)
+    python -m bench.draft_memory                          # small + scaled shapes, 3 interleaved repeats
+    python -m bench.draft_memory --shapes small --repeats 1   # a quick look (a few seconds)
 
 The former paths are the oracles of tests/drafter/reference.py: attention as one SDPA call with a mask
 and ``enable_gqa``; the training-time test with explicit [B, Hq, T, T+j] float32 scores and the loss
 over full-vocabulary float32 target logits.  The current ones are ``grouped_attention``, ``TTTBlocks``
 and ``ttt_loss`` over ``draft_targets``' draft columns.
 
-Per shape, for old and new (medians over ``--repeats`` rounds that alternate old and new):
+Per shape, for old and new (medians over ``--repeats`` interleaved rounds of the bench harness):
 - ``train``: one TTT step (the loss over 7 unrolled steps, then backward) of a random float32 head on a
   random batch.  ``saved_bytes``: distinct storages autograd keeps for backward (parameters and the
   batch left out), read with ``torch.autograd.graph.saved_tensors_hooks``; ``peak_bytes``: the highest
@@ -28,17 +28,11 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import sys
-import time
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench._common import compare, emit
 from marsrl.drafter import Eagle3Config, Eagle3Drafter, build_vocab_maps
 from marsrl.drafter.layers import _SINK_CHANNELS, grouped_attention
 from marsrl.drafter.train import DraftBatch, draft_targets, ttt_loss
@@ -89,17 +83,6 @@ def saved_bytes(fn, exclude) -> int:
         loss = fn()
     del loss
     return sum(seen.values())
-
-
-def median_seconds(fns: dict, repeats: int) -> dict:
-    """Median wall time of each function, the functions alternating within every round."""
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -163,8 +146,9 @@ def bench_train(s: dict, repeats: int) -> dict:
             "peak_bytes": peak_bytes(step(path)),
             "kept_logits_bytes": (full if path == "old" else draft).target_logits.nbytes,
         }
-    for path, sec in median_seconds({p: step(p) for p in paths}, repeats).items():
-        out[path]["seconds"] = round(sec, 4)
+    timings = compare({p: step(p) for p in paths}, repeats)
+    for path in paths:
+        out[path]["seconds"] = round(timings.median(path), 4)
     head.zero_grad(set_to_none=True)
     return out
 
@@ -198,8 +182,9 @@ def bench_attention(s: dict, repeats: int) -> dict:
         with torch.no_grad():
             err = float((fns["old"]() - fns["new"]()).abs().max())
             row = {p: {"peak_bytes": peak_bytes(fn)} for p, fn in fns.items()}
-            for p, sec in median_seconds(fns, repeats).items():
-                row[p]["seconds"] = round(sec, 5)
+            timings = compare(fns, repeats)
+            for p in fns:
+                row[p]["seconds"] = round(timings.median(p), 5)
         kv_len = inputs[1].shape[2]
         row["shape"] = dict(B=s["attn_B"], T=q_len, S=kv_len, Hq=s["Hq"], Hkv=s["Hkv"], hd=s["hd"])
         row["max_abs_diff_old_new"] = err
@@ -347,8 +332,7 @@ def main(argv=None) -> dict:
             "rest_saved_bytes_per_row": round(rest),
             **estimate(DEFAULTS_8B, rest),
         }
-    print(json.dumps(report, indent=1))
-    return report
+    return emit(report, indent=1)
 
 
 if __name__ == "__main__":

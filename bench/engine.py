@@ -2,8 +2,8 @@
 limit), marsrl plain, marsrl strict / mars with an EAGLE-3 head (chain and tree), and a test-only oracle
 drafter that replays the target's greedy continuation (the engine's ceiling).
 
-    python bench/engine.py                       # Qwen3-architecture target of ~20M params, random weights
-    python bench/engine.py --new-tokens 32 --batch-sizes 1
+    python -m bench.engine                       # Qwen3-architecture target of ~20M params, random weights
+    python -m bench.engine --new-tokens 32 --batch-sizes 1
 
 The EAGLE-3 head here is random (no world is built), so its acceptance is near
 zero: those rows measure overhead, not speedup.  Prints one JSON object; read the ratios.
@@ -22,14 +22,11 @@ import argparse
 import json
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
-from _common import interleaved, spread, timed
-
+from bench._common import interleaved, spread, timed
 from marsrl.drafter import Eagle3Drafter
 from marsrl.engine import EngineConfig, OracleDrafter, SamplingParams, SpeculativeEngine, TreeConfig
 from marsrl.verify import Provenance

@@ -1,7 +1,7 @@
 """The prepared device check: marsrl's engine at Qwen3-8B's shape on one CUDA GPU, in under 8 minutes.
 
-    PYTHONUNBUFFERED=1 PYTHONPATH=. python3 bench/gpu.py --out $OUT/gpu.json
-    python bench/gpu.py --cpu-smoke                # the same code path on the CPU, tiny shapes, seconds
+    PYTHONUNBUFFERED=1 python3 -m bench.gpu --out $OUT/gpu.json
+    python -m bench.gpu --cpu-smoke                # the same code path on the CPU, tiny shapes, seconds
 
 The target is a transformers ``Qwen3Config`` written out with Qwen3-8B's dimensions (hidden 4096, 36
 layers, 32 heads, 8 KV heads, head_dim 128, intermediate 12288, vocab 151936, RoPE theta 1e6, RMS eps
@@ -47,9 +47,7 @@ import transformers
 from torch import nn
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
-from _common import batched_rounds, breakdown, k_summary, option_supported, per_round
-
+from bench._common import batched_rounds, breakdown, k_summary, option_supported, per_round
 from marsrl.drafter import Eagle3Config, Eagle3Drafter, default_aux_layer_ids
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, TreeConfig
 

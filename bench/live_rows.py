@@ -1,8 +1,8 @@
 """The planner on the live rows' acceptance against the call's pooled estimates.
 
-    python bench/live_rows.py                                   # default world, B = 128, mars, K=3 beside
-    python bench/live_rows.py --batch 32 --rule mars --ks 5 --calls 30
-    python bench/live_rows.py --preset micro --batch 8 --calls 1 --warmup 0 --new-tokens 8   # smoke
+    python -m bench.live_rows                                   # default world, B = 128, mars, K=3 beside
+    python -m bench.live_rows --batch 32 --rule mars --ks 5 --calls 30
+    python -m bench.live_rows --preset micro --batch 8 --calls 1 --warmup 0 --new-tokens 8   # smoke
 
 Two auto engines share one calibration: ``live`` (``SpeculativeEngine.row_prior`` 4, the default: the
 planner's E[tokens | k] from the live rows' counts, ``RowAcceptance``) and ``pooled`` (``row_prior``
@@ -27,10 +27,8 @@ from typing import ClassVar
 
 import torch
 
-sys.path.append(str(Path(__file__).resolve().parent))
-from _common import ratio_of_sums, world_and_prompts
-
 import marsrl.engine.engine as engine_module
+from bench._common import ratio_of_sums, world_and_prompts
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, adaptive
 from marsrl.tinyworld import PRESETS
 

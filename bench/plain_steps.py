@@ -1,8 +1,8 @@
 """The adaptive engine's plain steps against the plain engine's, and where auto's round time goes.
 
-    python bench/plain_steps.py                  # default world, B = 128, 1 warm-up + 5 timed calls each
-    python bench/plain_steps.py --preset micro --batch 8 --calls 1 --new-tokens 8   # smoke
-    python bench/plain_steps.py --part fixed --calls 5 --rule strict   # the model's k ranking, checked
+    python -m bench.plain_steps                  # default world, B = 128, 1 warm-up + 5 timed calls each
+    python -m bench.plain_steps --preset micro --batch 8 --calls 1 --new-tokens 8   # smoke
+    python -m bench.plain_steps --part fixed --calls 5 --rule strict   # the model's k ranking, checked
 
 A plain step of ``num_draft_tokens="auto"`` (k = 0) does what the plain engine's step does, and also
 taps the target's features and keeps the drafter's input pair for the next speculative round.  Two
@@ -37,9 +37,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
-from _common import ratio_of_sums, world_and_prompts
-
+from bench._common import ratio_of_sums, world_and_prompts
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
 from marsrl.engine.adaptive import FixedK
 from marsrl.tinyworld import PRESETS

@@ -1,8 +1,8 @@
 """Several ``bench/scale.py`` runs read as one: every bar the runs judged on their head-to-heads,
 pooled over the runs.
 
-    python bench/scale.py > a.json && python bench/scale.py > b.json && python bench/scale.py > c.json
-    python bench/pool_scale.py a.json b.json c.json
+    python -m bench.scale > a.json && python -m bench.scale > b.json && python -m bench.scale > c.json
+    python -m bench.pool_scale a.json b.json c.json
 
 Why: one run's head-to-head measures an auto bar to a few percent on a small shared CPU (48
 calls a system at B <= 32), while auto and the best fixed k differ by less than that where the k curve
@@ -36,8 +36,7 @@ import sys
 from pathlib import Path
 from statistics import NormalDist
 
-sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
-from _common import pooled_ratio_of_sums
+from bench._common import pooled_ratio_of_sums
 
 
 def bar_systems(name: str, bar: dict) -> tuple[str, str] | None:

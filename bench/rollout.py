@@ -12,8 +12,8 @@ medians are reported. ``weight_update``: the bench target on the 1-actor pool; `
 a ``--update-mb`` state dict in ``--trainer-dtype`` sent to a 1-actor pool in ``--worker-dtype`` (the
 audit's case: an fp32 trainer, a bf16 worker).
 
-    python bench/rollout.py            # Qwen3-architecture target of ~6.6M params; 1 GB fp32 -> bf16 update
-    python bench/rollout.py --prompts 16 --new-tokens 32 --repeats 3 --update-mb 0
+    python -m bench.rollout            # Qwen3-architecture target of ~6.6M params; 1 GB fp32 -> bf16 update
+    python -m bench.rollout --prompts 16 --new-tokens 32 --repeats 3 --update-mb 0
 
 Every configuration runs with one torch thread per worker (in-process too) so the comparison is fair on
 a small machine; actors ask Ray for ``--cpus-per-actor`` CPUs each. Starts a local Ray cluster unless one
@@ -23,7 +23,6 @@ is already running in this process. Prints one JSON object; read the ratios.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -32,6 +31,7 @@ import time
 
 import torch
 
+from bench._common import compare, emit
 from marsrl.engine import SamplingParams
 from marsrl.rollout import PoolConfig, RolloutPool, RolloutWorker, WorkerConfig, plan_requests, to_state_dict
 from marsrl.testing import tiny_causal_lm
@@ -44,14 +44,10 @@ def build_target(seed: int, layers: int, hidden: int, vocab: int):
 
 
 def timed(fn, repeats: int) -> tuple[float, object]:
-    """Median wall seconds over ``repeats`` calls after one warm-up call, and the last result."""
-    out = fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+    """Median wall seconds over ``repeats`` calls after one warm-up call (the bench harness), and the
+    last call's result."""
+    timings = compare({"call": fn}, repeats, warmup=1)
+    return timings.median("call"), timings.results["call"][-1]
 
 
 def sized_target(mb: float, dtype: str, seed: int):
@@ -88,12 +84,9 @@ def compare_updates(pool: RolloutPool, weights, repeats: int) -> dict:
         return {k: out[k] for k in ("seconds", "put_seconds", "sent_bytes")}
 
     paths = {"old": lambda: legacy_update(pool, weights), "new": new}
-    last = {name: fn() for name, fn in paths.items()}  # warm-up
-    times: dict = {"old": [], "new": []}
-    for r in range(repeats):
-        for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
-            last[name] = paths[name]()
-            times[name].append(last[name]["seconds"])
+    runs = compare(paths, repeats, warmup=1).results  # each path's own seconds, not the call's wall time
+    times = {name: [r["seconds"] for r in runs[name]] for name in paths}
+    last = {name: runs[name][-1] for name in paths}
     out = {"mb": sum(t.numel() * t.element_size() for t in to_state_dict(weights).values()) / 2**20}
     for name in paths:
         out[name] = {
@@ -208,8 +201,7 @@ def main(argv=None) -> dict:
         out["cpu_probe"] = parallel_probe(args.cpus_per_actor)
     out["ray_hop_ratio"] = out["pool_1"]["seconds"] / t_local
     out["speedup_2_actors"] = out["pool_1"]["seconds"] / out["pool_2"]["seconds"]
-    print(json.dumps(out, indent=2))
-    return out
+    return emit(out)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """Where one speculative round's time goes, on a built tiny world: the engine's per-phase profile.
 
-    python bench/round.py                          # default world, chain K = 7, strict, T = 1, batch 1
-    python bench/round.py --tree 4 5 24 --batch 8 --rule strict mars --repeats 5
-    python bench/round.py --preset micro --prompts 4
-    python bench/round.py --draft-confidence 0.3     # chains stop early where the head is unsure
+    python -m bench.round                          # default world, chain K = 7, strict, T = 1, batch 1
+    python -m bench.round --tree 4 5 24 --batch 8 --rule strict mars --repeats 5
+    python -m bench.round --preset micro --prompts 4
+    python -m bench.round --draft-confidence 0.3     # chains stop early where the head is unsure
     git show REV:marsrl/verify/tree.py > /tmp/tree_rev.py
-    python bench/round.py --tree 4 5 24 --batch 8 --rule strict mars --baseline-verify /tmp/tree_rev.py
+    python -m bench.round --tree 4 5 24 --batch 8 --rule strict mars --baseline-verify /tmp/tree_rev.py
 
 Runs the engine with ``EngineConfig(profile=True)`` and reports, per batched round, the milliseconds of
 each phase: ``draft`` (chain or tree; the drafter's first "absorb" forward also shown apart),
@@ -34,18 +34,15 @@ import statistics
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import torch
 
 import marsrl.engine.engine as engine_mod
+from bench._common import interleaved, spread
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, TreeConfig
 from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld
 from marsrl.tinyworld.build import heldout_problems
 from marsrl.tinyworld.tokenizer import chat_prompt_ids
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interleaved, spread
 
 PHASES = ("draft", "target_forward", "verify", "commit", "record")
 

@@ -7,38 +7,27 @@
   own GQA (one SDPA call with ``enable_gqa``) against folding the query heads into the query axis.
   ``FOLD_CPU_QUERIES`` (the query lengths the CPU folds) is read off this table.
 
-    python bench/round_kernels.py                         # the default shapes of the tiny world (8 layers)
-    python bench/round_kernels.py --rows 1 8 32 128 --queries 1 3 16 --repeats 3
+    python -m bench.round_kernels                         # the default shapes of the tiny world (8 layers)
+    python -m bench.round_kernels --rows 1 8 32 128 --queries 1 3 16 --repeats 3
 
 Shapes: the default world's (2 KV heads of 32, 4 query heads).  Each figure is the median over
-``--repeats`` interleaved repeats of the median of ``--calls`` timed calls; ``ratio`` is the new way over
-the other (< 1: faster).  One thread unless ``--threads``.  Prints one JSON object.
+``--repeats`` interleaved repeats of the median of ``--calls`` timed calls (the bench harness); ``ratio``
+is the new way over the other (< 1: faster).  One thread unless ``--threads``.  Prints one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
+from bench._common import compare, emit
 from marsrl.drafter import layers
 from marsrl.engine.cache import _flat_slots
 
 KV_HEADS, Q_HEADS, HEAD_DIM = 2, 4, 32
-
-
-def _median_ms(fn, calls: int) -> float:
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
 
 
 def _gather_scatter(buffers, src, dst) -> None:
@@ -64,11 +53,15 @@ def commit_table(rows: list[int], blocks: list[int], layers_: int, width: int, r
         for j in blocks:
             src = width + torch.arange(j).expand(bsz, j)
             dst = ends.unsqueeze(1) + torch.arange(j)
-            old, new = [], []
-            for _ in range(repeats):
-                old.append(_median_ms(functools.partial(_gather_scatter, buffers, src, dst), calls))
-                new.append(_median_ms(functools.partial(_flat, buffers, src, dst), calls))
-            o, n = statistics.median(old), statistics.median(new)
+            timings = compare(
+                {
+                    "gather_scatter": functools.partial(_gather_scatter, buffers, src, dst),
+                    "flat": functools.partial(_flat, buffers, src, dst),
+                },
+                repeats,
+                calls=calls,
+            )
+            o, n = 1e3 * timings.median("gather_scatter"), 1e3 * timings.median("flat")
             out.append(
                 dict(
                     rows=bsz,
@@ -99,16 +92,17 @@ def attention_table(rows: list[int], keys: list[int], queries: list[int], repeat
                     F.scaled_dot_product_attention, q, k, v, attn_mask=mask, enable_gqa=True
                 )
                 folded = functools.partial(layers.grouped_attention, q, k, v, mask)
-                gqa, fold = [], []
-                for _ in range(repeats):
-                    gqa.append(_median_ms(unfolded, calls))
-                    before = layers.FOLD_ON_CPU
-                    layers.FOLD_ON_CPU = True  # the folded path at every length
-                    try:
-                        fold.append(_median_ms(folded, calls))
-                    finally:
-                        layers.FOLD_ON_CPU = before
-                g, f = statistics.median(gqa), statistics.median(fold)
+                before = layers.FOLD_ON_CPU
+                layers.FOLD_ON_CPU = True  # the folded path at every length (the unfolded one never reads it)
+                try:
+                    timings = compare(
+                        {"gqa": unfolded, "folded": folded},
+                        repeats,
+                        calls=calls,
+                    )
+                finally:
+                    layers.FOLD_ON_CPU = before
+                g, f = 1e3 * timings.median("gqa"), 1e3 * timings.median("folded")
                 out.append(
                     dict(
                         rows=bsz,
@@ -150,8 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
             commit=commit_table(args.rows, args.blocks, args.layers, args.width, args.repeats, args.calls),
             drafter_attention=attention_table(args.rows, args.keys, args.queries, args.repeats, args.calls),
         )
-    print(json.dumps(result, indent=1))
-    return result
+    return emit(result, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Engine throughput against batch size on the tiny world, side by side in one run.
 
-    python bench/scale.py                          # default world, B in 1 8 32 128, 3 repeats (~15-21 min)
-    python bench/scale.py --quick                  # one repeat and one call of each system
-    python bench/scale.py --batches 1 8 --ks 3 7 --repeats 5 --threads 1
+    python -m bench.scale                          # default world, B in 1 8 32 128, 3 repeats (~15-21 min)
+    python -m bench.scale --quick                  # one repeat and one call of each system
+    python -m bench.scale --batches 1 8 --ks 3 7 --repeats 5 --threads 1
 
 Each engine call decodes B sequences at T = 1 (B = prompts x G, G = --group where B >= G, else B
 prompts once): HF ``generate``, marsrl plain, strict and mars chains at each K in --ks, strict and mars
@@ -72,10 +72,17 @@ from pathlib import Path
 
 import torch
 
-sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
-from _common import breakdown, k_summary, option_supported, per_round, ratio_of_sums, spread, tail, timed
-from tinyworld import hf_sample
-
+from bench._common import (
+    breakdown,
+    k_summary,
+    option_supported,
+    per_round,
+    ratio_of_sums,
+    spread,
+    tail,
+    timed,
+)
+from bench.tinyworld import hf_sample
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, TreeConfig
 from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld
 from marsrl.tinyworld.build import heldout_problems

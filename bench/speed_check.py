@@ -1,8 +1,8 @@
 """The adaptive mode with and without its SpeedCheck, head to head at one batch size.
 
-    python bench/speed_check.py                 # default world, B = 128, 2 warm-up + 8 timed calls
-    python bench/speed_check.py --batch 32 --calls 16
-    python bench/speed_check.py --preset micro --batch 8 --calls 1 --warmup 1 --new-tokens 6  # smoke
+    python -m bench.speed_check                 # default world, B = 128, 2 warm-up + 8 timed calls
+    python -m bench.speed_check --batch 32 --calls 16
+    python -m bench.speed_check --preset micro --batch 8 --calls 1 --warmup 1 --new-tokens 6  # smoke
 
 ``num_draft_tokens="auto"`` chooses each round's k from a calibrated cost model; where plain steps and
 speculative rounds are within a few percent of each other (strict at B = 128 on a small CPU),
@@ -37,9 +37,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
-from _common import k_summary, ratio_of_sums, world_and_prompts
-
+from bench._common import k_summary, ratio_of_sums, world_and_prompts
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
 from marsrl.engine.adaptive import CostModel
 from marsrl.tinyworld import PRESETS

@@ -1,8 +1,8 @@
 """What the tiny world measures: accuracy, near-tie share, tau and speed under strict and MARS rollouts.
 
-    python bench/tinyworld.py                      # builds (or reuses) the default preset
-    python bench/tinyworld.py --preset micro --n-accuracy 100 --n-tau 32
-    python bench/tinyworld.py --accuracy-seeds 1 2 3 4   # the mars - strict difference over 4 seeds
+    python -m bench.tinyworld                      # builds (or reuses) the default preset
+    python -m bench.tinyworld --preset micro --n-accuracy 100 --n-tau 32
+    python -m bench.tinyworld --accuracy-seeds 1 2 3 4   # the mars - strict difference over 4 seeds
 
 Accuracy: held-out problems (another seed than training, always two steps), strict and mars rollouts at
 T = 1 with chain K = 7, with a 95% Wilson interval, and the paired mars - strict difference (with several
@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import statistics
 import sys
-import time
 
 import torch
 
+from bench._common import clock, emit, interleaved
 from marsrl.algo import wilson_interval as wilson
 from marsrl.data import score
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, TreeConfig
@@ -94,9 +93,8 @@ def main(argv=None) -> dict:
             target, head, EngineConfig(rule=rule, theta=args.theta, num_draft_tokens=7, tree=tree)
         )
         sp = SamplingParams(temperature=temperature, max_new_tokens=new_tokens, eos_token_id=eos, seed=seed)
-        start = time.perf_counter()
-        trajs = eng.generate(prompts[:n], sp)
-        return trajs, eng.stats, time.perf_counter() - start
+        seconds, trajs = clock(lambda: eng.generate(prompts[:n], sp))
+        return trajs, eng.stats, seconds
 
     # accuracy, strict vs mars (T = 1, chain K = 7) and the per-token facts of the first seed's runs
     acc: dict = {}
@@ -158,9 +156,7 @@ def main(argv=None) -> dict:
     out["speed"] = speed_table(target, head, tok, prompts[: args.speed_prompts], new_tokens, args)
     out["draft_training"] = meta.get("draft_training")
     out["build_timings_s"] = meta.get("timings_s")
-    json.dump(out, sys.stdout, indent=2, default=float)
-    print()
-    return out
+    return emit(out)
 
 
 def hf_generated(out: torch.Tensor, width: int, eos: int) -> int:
@@ -215,21 +211,27 @@ def speed_table(target, head, tok, prompts, max_new_tokens: int, args) -> dict:
     table = {}
     for batch in (1, 8):
         groups = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
-        rates: dict[str, list[float]] = {name: [] for name in systems}
-        for rep in range(args.speed_reps):
-            for name in systems[rep % len(systems) :] + systems[: rep % len(systems)]:
-                tokens, start = 0, time.perf_counter()
-                for group in groups:
-                    if name == "hf":
-                        tokens += hf_sample(target, group, pad, eos, max_new_tokens, rep)
-                    else:
-                        eng = SpeculativeEngine(target, head, engines[name])
-                        sp = SamplingParams(
-                            temperature=1.0, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=rep
-                        )
-                        eng.generate(group, sp)
-                        tokens += eng.stats["tokens"]
-                rates[name].append(tokens / (time.perf_counter() - start))
+
+        def one_system(name: str, rep: int, groups=groups) -> int:
+            """Every group through one system at seed ``rep``: the tokens it generated."""
+            tokens = 0
+            for group in groups:
+                if name == "hf":
+                    tokens += hf_sample(target, group, pad, eos, max_new_tokens, rep)
+                else:
+                    eng = SpeculativeEngine(target, head, engines[name])
+                    sp = SamplingParams(
+                        temperature=1.0, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=rep
+                    )
+                    eng.generate(group, sp)
+                    tokens += eng.stats["tokens"]
+            return tokens
+
+        def rate(name: str, rep: int) -> float:
+            seconds, tokens = clock(lambda: one_system(name, rep))
+            return tokens / seconds
+
+        rates = interleaved(systems, args.speed_reps, rate)  # the seed is the repeat's, alike for all
         row = {f"{name}_tokens_per_s": statistics.median(r) for name, r in rates.items()}
         for name in systems[1:]:
             row[f"{name}_ratio_to_hf"] = row[f"{name}_tokens_per_s"] / row["hf_tokens_per_s"]

@@ -1,10 +1,11 @@
 """Cost of ``verify_chain`` per rule, as a ratio to one ``torch.softmax`` over the same target logits.
 
-Measured side by side in one process, interleaved (softmax, then each case, repeated), reporting the
-median time per case; ratios are what to read (a shared machine is noisy).
+Measured side by side in one process with the bench harness (one warm-up call each, then every case
+once a repeat in rotated order), reporting the median time per case; ratios are what to read (a shared
+machine is noisy), ``ratio_intervals`` gives each with a 90% bootstrap interval over the repeats.
 
-    python bench/verify.py                  # B=64, K=8, V=151936, T=1, no top-k/top-p
-    python bench/verify.py --vocab 32000 --repeats 3
+    python -m bench.verify                  # B=64, K=8, V=151936, T=1, no top-k/top-p
+    python -m bench.verify --vocab 32000 --repeats 3
 
 Two draft kinds: a greedy draft (draft_probs=None) and full draft distributions [B, K, V] built to
 resemble a trained drafter (a noisy copy of the target).  Prints one JSON object.
@@ -13,20 +14,11 @@ resemble a trained drafter (a noisy copy of the target).  Prints one JSON object
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import sys
-import time
 
 import torch
 
+from bench._common import compare, emit
 from marsrl.verify import RULES, verify_chain
-
-
-def _time(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -57,14 +49,9 @@ def main(argv: list[str] | None = None) -> dict:
         cases[f"{rule}/full_draft"] = lambda r=rule: verify_chain(
             logits, draft_tokens, draft_probs, rule=r, temperature=args.temperature, generator=gen
         )
-    for fn in cases.values():  # warm-up
-        fn()
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(args.repeats):
-        for name, fn in cases.items():
-            samples[name].append(_time(fn))
-    med = {name: statistics.median(ts) for name, ts in samples.items()}
-    base = med["softmax"]
+    timings = compare(cases, args.repeats, warmup=1)
+    base = timings.median("softmax")
+    rules = [n for n in cases if n != "softmax"]
     out = {
         "bench": "verify_chain",
         "shape": {"B": b, "K": k, "V": v},
@@ -72,13 +59,12 @@ def main(argv: list[str] | None = None) -> dict:
         "threads": torch.get_num_threads(),
         "repeats": args.repeats,
         "softmax_ms": round(base * 1e3, 2),
-        "ratio_to_softmax": {n: round(t / base, 3) for n, t in med.items() if n != "softmax"},
+        "ratio_to_softmax": {n: round(timings.median(n) / base, 3) for n in rules},
+        "ratio_intervals": {n: timings.ratio(n, "softmax", digits=3) for n in rules},
         "bar": 3.0,
     }
     out["all_within_bar"] = all(r <= out["bar"] for r in out["ratio_to_softmax"].values())
-    json.dump(out, sys.stdout, indent=2)
-    print()
-    return out
+    return emit(out)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
-"""bench/verify.py runs and prints the JSON it documents (tiny sizes; timings are not asserted)."""
+"""The benches run at tiny sizes and print the JSON they document (timings are not asserted); the
+harness they share (``bench._common``) and the commands docs/benchmarks.md gives for them."""
 
+import importlib
 import json
 import subprocess
 import sys
@@ -10,10 +12,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _run_module(*args: str) -> subprocess.CompletedProcess:
+    """``python -m bench.<name> ...`` from the repository root, as docs/benchmarks.md runs a bench."""
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT)
+
+
 def test_verify_bench_prints_json():
     cmd = [
-        sys.executable,
-        str(ROOT / "bench" / "verify.py"),
+        "bench.verify",
         "--batch",
         "4",
         "--vocab",
@@ -21,8 +27,10 @@ def test_verify_bench_prints_json():
         "--repeats",
         "1",
     ]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    res = _run_module(*cmd)
+    assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
+    assert set(out["ratio_intervals"]) == set(out["ratio_to_softmax"])
     assert set(out["ratio_to_softmax"]) == {
         f"{r}/{d}" for r in ("strict", "mars", "mars_code") for d in ("greedy_draft", "full_draft")
     }
@@ -30,12 +38,7 @@ def test_verify_bench_prints_json():
 
 
 def _load_bench(name):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"bench.{name}")
 
 
 def test_tinyworld_bench_counts_hf_tokens_up_to_eos():
@@ -55,8 +58,7 @@ def test_tinyworld_bench_counts_hf_tokens_up_to_eos():
 
 def test_tinyworld_bench_prints_json_on_micro():
     cmd = [
-        sys.executable,
-        str(ROOT / "bench" / "tinyworld.py"),
+        "bench.tinyworld",
         "--preset",
         "micro",
         "--n-accuracy",
@@ -73,7 +75,8 @@ def test_tinyworld_bench_prints_json_on_micro():
         "--max-new-tokens",
         "12",  # the untrained micro target rarely stops: every run would write the preset's 96
     ]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    res = _run_module(*cmd)
+    assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["max_new_tokens"] == 12
     acc = out["accuracy_T1_chain_k7"]
@@ -743,8 +746,8 @@ def test_live_rows_bench_on_micro(micro_world):
 
 def test_every_bench_script_runs_main_after_all_its_definitions():
     """Run as a script, a bench executes its ``if __name__ == "__main__"`` block where it stands: a
-    function defined below it does not exist yet when main() calls it (bench/plain_steps.py's part
-    fixed, 2026-12-06, which the loaded-module tests above cannot see).  So the block comes last."""
+    function defined below it does not exist yet when main() calls it (which the imported-module tests
+    above cannot see).  So the block comes last."""
     import ast
 
     for path in sorted((ROOT / "bench").glob("*.py")):
@@ -885,11 +888,101 @@ def test_pool_scale_cli_names_a_bad_file(tmp_path):
         (bad, "not JSON"),
         (other, "not a bench/scale.py"),
     ):
-        res = subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "pool_scale.py"), str(path)], capture_output=True, text=True
-        )
+        res = _run_module("bench.pool_scale", str(path))
         assert res.returncode == 2 and res.stdout == ""
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"pool_scale: {path}:") and words in lines[0], (
             res.stderr
         )
+
+
+# ------------------------------------------------------------------------------------------ the harness
+
+
+def _fake_clock(monkeypatch, common):
+    """A clock that moves only when a variant says so: each variant's cost is exact."""
+    now = [0.0]
+    monkeypatch.setattr(common.time, "perf_counter", lambda: now[0])
+
+    def cost(seconds: float, result=None):
+        now[0] += seconds
+        return result
+
+    return cost
+
+
+def test_compare_rotates_the_order_warms_up_and_takes_the_median_of_calls(monkeypatch):
+    common = _load_bench("_common")
+    cost = _fake_clock(monkeypatch, common)
+    order: list[str] = []
+    spent = {
+        "a": iter([9.0, 1.0, 1.0, 2.0, 3.0, 5.0, 1.0]),
+        "b": iter([9.0, *[2.0] * 6]),
+        "c": iter([9.0] * 7),
+    }
+
+    def variant(name):
+        def fn():
+            order.append(name)
+            return cost(next(spent[name]), result=len(order))
+
+        return fn
+
+    t = common.compare({n: variant(n) for n in "abc"}, repeats=3, warmup=1, calls=2)
+    # the warm-up once each in order, then each repeat's order rotated by one, two calls a turn
+    assert "".join(order) == "abc" + "aabbcc" + "bbccaa" + "ccaabb"
+    assert t.seconds["a"] == [1.0, 2.5, 3.0]  # medians of (1, 1), (2, 3), (5, 1); the 9 s warm-up left out
+    assert t.median("a") == 2.5 and t.median("b") == 2.0
+    assert t.results["a"] == [5, 15, 19]  # what each repeat's last call returned
+    assert t.spread("c") == {"median": 9.0, "min": 9.0, "max": 9.0, "iqr": 0.0, "n": 3}
+
+
+def test_timings_ratio_keeps_a_shared_slow_spell_paired():
+    """Five repeats, seed 0, 2000 resamples: a slow spell that hits both variants of a repeat alike
+    leaves the ratio and its whole interval at 0.5; noise in one variant widens the interval around the
+    median ratio without moving it."""
+    common = _load_bench("_common")
+    paired = common.Timings(seconds={"a": [1, 1, 4, 1, 1], "b": [2, 2, 8, 2, 2]}, results={})
+    assert paired.ratio("a", "b") == {"value": 0.5, "ci": [0.5, 0.5], "level": 0.9, "n": 5}
+    noisy = common.Timings(seconds={"a": [1.0, 1.2, 0.9, 1.1, 1.0], "b": [2.0] * 5}, results={})
+    r = noisy.ratio("a", "b")
+    assert r["value"] == 0.5 and r["ci"][0] < 0.5 < r["ci"][1] and r["ci"][0] >= 0.45 and r["ci"][1] <= 0.6
+
+
+def test_emit_prints_one_json_object(capsys):
+    out = _load_bench("_common").emit({"bench": "x", "figure": 1.5})
+    assert json.loads(capsys.readouterr().out) == out == {"bench": "x", "figure": 1.5}
+
+
+# ------------------------------------------------------------------------------------------ the commands
+
+
+def _benches() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "bench").glob("*.py") if not p.stem.startswith("_"))
+
+
+def test_every_bench_has_a_section_and_a_command_in_the_docs():
+    """docs/benchmarks.md gives each bench a section and a ``python -m bench.<name>`` command; every
+    such command in the README and docs names a bench that exists, and none uses the script form
+    ``python bench/<name>.py`` (a bench imports ``bench._common``, which needs the repository root on the
+    path that ``-m`` gives)."""
+    import re
+
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    for name in _benches():
+        assert f"### bench/{name}.py" in text, f"docs/benchmarks.md has no section for bench/{name}.py"
+        assert f"-m bench.{name}" in text, f"docs/benchmarks.md has no command for bench/{name}.py"
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for path in docs:
+        doc = path.read_text()
+        for name in re.findall(r"-m bench\.(\w+)", doc):
+            assert (ROOT / "bench" / f"{name}.py").exists(), f"{path.name}: no bench/{name}.py"
+        assert not re.search(r"python3? bench/", doc), f"{path.name}: a bench run as a script"
+
+
+def test_no_bench_edits_sys_path():
+    """The benches import each other and the harness as the ``bench`` package."""
+    pending = {"train", "sweep"}  # their import lines move to ``bench._common`` with their next change
+    for name in _benches():
+        if name not in pending:
+            assert "sys.path" not in (ROOT / "bench" / f"{name}.py").read_text(), name

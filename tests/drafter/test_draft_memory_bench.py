@@ -1,21 +1,16 @@
-"""bench/draft_memory.py at a tiny shape: its measurements run, the new paths save less, and the analytic
+"""bench.draft_memory at a tiny shape: its measurements run, the new paths save less, and the analytic
 terms it prints for the 8B defaults account for what the measurement sees (timings are not asserted)."""
 
-import importlib.util
-from pathlib import Path
+import importlib
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(B=2, T=48, Hq=8, Hkv=2, hd=16, H=32, I=64, V=512, Vd=128, attn_B=2, attn_S=48)
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_draft_memory", ROOT / "bench" / "draft_memory.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("bench.draft_memory")
 
 
 def test_train_measurement_and_analytic_terms_agree(bench):

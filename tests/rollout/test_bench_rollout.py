@@ -1,21 +1,14 @@
-"""bench/rollout.py runs on the session's Ray cluster at tiny sizes and reports every figure it
+"""bench.rollout runs on the session's Ray cluster at tiny sizes and reports every figure it
 documents (timings are not asserted, only that they exist and the 1-actor pool equals in-process)."""
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "rollout.py"
 
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_rollout_bench_reports_side_by_side(capsys):
-    spec = importlib.util.spec_from_file_location("bench_rollout", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = importlib.import_module("bench.rollout")
     args = ["--layers", "2", "--hidden", "64", "--vocab", "256", "--prompts", "4", "--prompt-len", "8"]
     args += ["--n", "2", "--new-tokens", "8", "--repeats", "1", "--cpus-per-actor", "0.5", "--no-probe"]
     out = module.main([*args, "--update-mb", "0"])  # the large update: same code, a larger model
