@@ -378,6 +378,13 @@ class HeldoutEvalCallback(TrainerCallback):
     def final(self) -> dict | None:
         return self.results[max(self.results)] if self.results else None
 
+    def at(self, step: int, model) -> dict:
+        """The evaluation at ``step``: the one recorded (this run or the curve a resume kept), else made
+        now with ``model`` and recorded (an arm resumed from its last checkpoint trains no further)."""
+        if step not in self.results:
+            self._record(step, self.evaluate(model))
+        return self.results[step]
+
     def evaluate(self, model) -> dict:
         return evaluate_policy(model, self.tokenizer, self.problems, prompts=self.prompts, **self.kwargs)
 

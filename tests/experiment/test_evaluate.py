@@ -242,6 +242,12 @@ def test_callback_schedule_curve_logs_and_resume(policy, tmp_path):
         state.global_step = step
         cb2.on_log(args, state, None, logs={"loss": 0.1}, model=model)
     assert [r["step"] for r in ev.read_curve(tmp_path / ev.CURVE_FILE)] == [0, 3, 6, 7]
+    # `at` gives a recorded step without evaluating again, and evaluates (and records) a new one
+    cb2.problems = []  # an evaluation would now fail
+    assert cb2.at(7, model) is cb2.results[7]
+    cb3 = ev.HeldoutEvalCallback(tok, problems, tmp_path, every=3, resume_step=7, **kw)
+    assert cb3.at(8, model)["t1"]["n"] == len(problems)
+    assert [r["step"] for r in ev.read_curve(tmp_path / ev.CURVE_FILE)] == [0, 3, 6, 7, 8]
 
 
 def test_callback_reuses_before_and_goes_first(policy, tmp_path):
