@@ -139,7 +139,7 @@ def refresh(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for name, every in (("refresh", args.every), ("no_refresh", 0)):
             sets = [
-                f"trainer.learning_rate={args.lr}",
+                *([] if args.lr is None else [f"trainer.learning_rate={args.lr}"]),
                 f"trainer.draft_refresh_every={every}",
                 *(args.set or []),
             ]
@@ -228,7 +228,12 @@ def main() -> None:
         "--no-auto", action="store_true", help='leave out the num_draft_tokens="auto" configurations'
     )
     parser.add_argument("--refresh", action="store_true", help="the draft-refresh comparison instead")
-    parser.add_argument("--lr", type=float, default=2e-4, help="policy learning rate of the refresh runs")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="policy learning rate of the refresh runs (default: the config's)",
+    )
     parser.add_argument("--every", type=int, default=1, help="refresh the head every this many steps")
     parser.add_argument(
         "--fused", action="store_true", help="fused vs two-forward mars steps, interleaved, instead"
