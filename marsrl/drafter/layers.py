@@ -23,7 +23,7 @@ from .config import Eagle3Config
 FOLD_ON_CPU = False
 # Query lengths the CPU folds anyway: for a block of 2-8 queries (the absorb of a round's pairs) the folded
 # call is faster than torch's own GQA with a mask at batches of 32 rows and more, and about even at a few
-# rows; one query, and 16 or more, run as fast or faster unfolded (``python bench/round_kernels.py``
+# rows; one query, and 16 or more, run as fast or faster unfolded (``python -m bench.round_kernels``
 # measures both ways; its figures are in docs/benchmarks.md).  A rule on the query length alone: one on
 # the batch size would give a group's shared prompt (one row) and its unshared copies (G rows) different
 # kernels, and their trajectories must stay bit-identical.

@@ -347,7 +347,7 @@ def _flat_slots(slots: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     A commit moves a few entries a row; ``index_select`` / ``index_copy_`` on the flat rows moves each
     as one hd-long copy, where ``gather`` / ``scatter_`` on the 4D buffer with an expanded index walks
     it element by element: 2-4x slower at 32 and 128 rows on this project's CPU (8 layers, J = 1..8;
-    ``python bench/round_kernels.py``).  ``commit_reference`` is the slow path it must equal."""
+    ``python -m bench.round_kernels``).  ``commit_reference`` is the slow path it must equal."""
     bsz, heads, cap, _ = t.shape
     if not t.is_contiguous():
         raise ValueError("RaggedCache buffers must be contiguous")
