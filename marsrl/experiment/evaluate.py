@@ -382,7 +382,7 @@ class HeldoutEvalCallback(TrainerCallback):
         """The evaluation at ``step``: the one recorded (this run or the curve a resume kept), else made
         now with ``model`` and recorded (an arm resumed from its last checkpoint trains no further)."""
         if step not in self.results:
-            self._record(step, self.evaluate(model))
+            self.record(step, self.evaluate(model))
         return self.results[step]
 
     def evaluate(self, model) -> dict:
