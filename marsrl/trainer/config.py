@@ -80,7 +80,7 @@ class MarsGRPOConfig(GRPOConfig):
         },
     )
     draft_refresh_lr: float = field(
-        default=1e-3, metadata={"help": "Peak learning rate of the head's own AdamW."}
+        default=3e-3, metadata={"help": "Peak learning rate of the head's own AdamW."}
     )
     draft_refresh_lr_scheduler_type: str = field(
         default="constant_with_warmup",
