@@ -277,12 +277,13 @@ def evaluate_policy(
 
 
 def eval_steps(max_steps: int, every: int | None) -> list[int]:
-    """The steps evaluated during training: every ``every`` steps (None: max_steps // 4, at least 1;
-    0: none) and always the last; step 0 (before training) is evaluated apart."""
+    """The steps evaluated during training: every ``every`` steps (None: ceil(max_steps / 4), so three
+    evaluations fall inside the run and one at its end; 0: none) and always the last; step 0 (before
+    training) is evaluated apart."""
     if max_steps < 1:
         return []
     if every is None:
-        every = max(1, max_steps // 4)
+        every = -(-max_steps // 4)
     steps = set(range(every, max_steps + 1, every)) if every > 0 else set()
     return sorted(steps | {max_steps})
 
@@ -326,7 +327,7 @@ class HeldoutEvalCallback(TrainerCallback):
         tokenizer, problems: as ``evaluate_policy``.
         out: the arm folder; ``eval_curve.jsonl`` is written there.
         temperatures, max_new_tokens, batch_size, seed, chat_template_kwargs: as ``evaluate_policy``.
-        every: evaluate every this many steps (None: max_steps // 4; 0: only before and at the end).
+        every: evaluate every this many steps (None: ceil(max_steps / 4); 0: only before and at the end).
         before: an ``evaluate_policy`` result of the initial policy to reuse as step 0 (arms that start
             from the same policy with the same problems and seed share one).
         resume_step: the step a resumed run continues from: curve lines after it are dropped.

@@ -146,6 +146,7 @@ def test_accuracy_summary():
 
 def test_eval_steps():
     assert ev.eval_steps(20, None) == [5, 10, 15, 20]
+    assert ev.eval_steps(25, None) == [7, 14, 21, 25]  # three inside the run, one at its end
     assert ev.eval_steps(10, 3) == [3, 6, 9, 10]
     assert ev.eval_steps(3, None) == [1, 2, 3]
     assert ev.eval_steps(7, 0) == [7]
