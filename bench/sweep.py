@@ -8,10 +8,10 @@ problems, the same problems and sampling seed for every configuration, before tr
 p, paired-bootstrap 95% interval of the difference; see evaluate.py). The policy before training is
 the same for every configuration of a world, so it is evaluated once per world and reused.
 
-    python bench/sweep.py --probe                       # the SFT policy's T = 1 pass rate per problem
-    python bench/sweep.py --runs base lr1e-3            # named configurations (RUNS below)
-    python bench/sweep.py --runs base --set trainer.max_steps=10   # extra overrides on every run
-    python bench/sweep.py --list                        # the named configurations
+    python -m bench.sweep --probe                       # the SFT policy's T = 1 pass rate per problem
+    python -m bench.sweep --runs base lr1e-3            # named configurations (RUNS below)
+    python -m bench.sweep --runs base --set trainer.max_steps=10   # extra overrides on every run
+    python -m bench.sweep --list                        # the named configurations
 
 ``--probe`` samples G completions of ``--probe-prompts`` training prompts at T = 1 and reports how many
 groups have mixed rewards (GRPO learns only from those: a group that is all right or all wrong has zero
@@ -32,8 +32,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
