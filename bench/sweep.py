@@ -12,6 +12,7 @@ the same for every configuration of a world, so it is evaluated once per world a
     python -m bench.sweep --runs base lr1e-3            # named configurations (RUNS below)
     python -m bench.sweep --runs base --set trainer.max_steps=10   # extra overrides on every run
     python -m bench.sweep --list                        # the named configurations
+    python -m bench.sweep --baseline                    # the SFT pass rate on each training step's prompts
 
 ``--probe`` samples G completions of ``--probe-prompts`` training prompts at T = 1 and reports how many
 groups have mixed rewards (GRPO learns only from those: a group that is all right or all wrong has zero
@@ -187,6 +188,7 @@ def run_one(name: str, overrides: list[str], config: str, work: Path, befores: d
         "after": _brief(after),
         "paired": compare_evals(before, after),
         "curve": curve,
+        "reward_per_step": rewards,
         "reward_first_quarter": statistics.fmean(rewards[:q]) if rewards else None,
         "reward_last_quarter": statistics.fmean(rewards[-q:]) if rewards else None,
         "reward_std_mean": _mean(steps, "reward_std"),
@@ -275,6 +277,54 @@ def _line(key: str, r: dict) -> str:
     )
 
 
+def baseline(config: str, overrides: list[str], work: Path) -> dict:
+    """The SFT policy's T = 1 pass rate on the prompts each training step draws (TRL's RepeatSampler with
+    the run's seed, G completions a prompt): how hard each step's prompts are before any training, so a
+    run's per-step reward can be read against it (``reward_per_step`` minus this)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.trainer.grpo_trainer import RepeatSampler
+
+    from marsrl.data import score
+    from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
+    from marsrl.experiment.evaluate import render_prompts
+    from marsrl.experiment.run import load_data, resolve_sources, trainer_args
+
+    torch.set_num_threads(1)
+    cfg = _load(config, overrides, work)
+    sources = resolve_sources(cfg, progress=True)
+    ds, _ = load_data(cfg, sources.world)
+    args = trainer_args(cfg, cfg.arms[0], work / "baseline", use_wandb=False)
+    g, steps = args.num_generations, args.max_steps
+    per = args.per_device_train_batch_size // g
+    sampler = RepeatSampler(
+        ds, mini_repeat_count=g, batch_size=per, repeat_count=1, shuffle=True, seed=args.seed
+    )
+    order = list(sampler)[: steps * per * g : g]
+    rows = [{"prompt": ds[i]["prompt"], "gold": ds[i]["answer"]} for i in order]
+    tok = AutoTokenizer.from_pretrained(sources.model)
+    model = AutoModelForCausalLM.from_pretrained(sources.model).eval()
+    engine = SpeculativeEngine(model, None, EngineConfig(max_batch_size=256))
+    sp = SamplingParams(
+        temperature=args.temperature,
+        max_new_tokens=args.max_completion_length,
+        eos_token_id=tok.eos_token_id,
+        seed=cfg.seed + 5,
+        n=g,
+    )
+    trajs = engine.generate(render_prompts(tok, rows), sp)
+    golds = [r["gold"] for r in rows for _ in range(g)]
+    ok = [
+        score(tok.decode(t.completion_ids, skip_special_tokens=True), a)
+        for t, a in zip(trajs, golds, strict=True)
+    ]
+    width = per * g
+    return {
+        "overrides": overrides,
+        "sft_pass_rate_per_step": [statistics.fmean(ok[s * width : (s + 1) * width]) for s in range(steps)],
+    }
+
+
 def _merge(path: Path, update) -> dict:
     data = json.loads(path.read_text()) if path.is_file() else {}
     update(data)
@@ -293,6 +343,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default="", help="suffix of the result names (e.g. a world variant)")
     ap.add_argument("--probe", action="store_true", help="the SFT policy's per-prompt pass rate at T = 1")
     ap.add_argument("--probe-prompts", type=int, default=128)
+    ap.add_argument("--baseline", action="store_true", help="the SFT pass rate on each step's prompts")
     ap.add_argument("--out", default="bench/results/sweep.json")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args(argv)
@@ -310,6 +361,9 @@ def main(argv=None) -> int:
             result = probe(a.config, a.sets, a.probe_prompts, work)
             _merge(out, lambda d: d.setdefault("probe", {}).__setitem__(a.tag or "base", result))
             print(json.dumps(result), file=sys.stderr)
+        if a.baseline:
+            result = baseline(a.config, a.sets, work)
+            _merge(out, lambda d: d.setdefault("baseline", {}).__setitem__(a.tag or "base", result))
         for name in a.runs:
             result = run_one(name, [*RUNS[name], *a.sets], a.config, work, befores)
             result["config"] = a.config
