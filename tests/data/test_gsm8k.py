@@ -81,7 +81,7 @@ def test_missing_column_names_file_and_column(tmp_path):
 
 def test_answer_without_marker_is_reported(tmp_path):
     path = _write(tmp_path / "nomark.jsonl", "jsonl", [ROWS[0], {"question": "q", "answer": "just 5"}])
-    with pytest.raises(ValueError, match=r"nomark\.jsonl.*row 1"):
+    with pytest.raises(ValueError, match=r"nomark\.jsonl.*line 2"):  # the file's line, 1-based
         load_gsm8k(str(path))
 
 
