@@ -46,11 +46,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-sys.path.append(str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
-from _common import interleaved, pooled_ratio_of_sums, spread
-
+from bench._common import interleaved, pooled_ratio_of_sums, spread
 from marsrl.experiment.config import ArmConfig, load_experiment
 from marsrl.experiment.run import run_experiment
 

@@ -6,19 +6,13 @@ holds it; the refresh summary reads tau, reward and the refresh's cost per run."
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
+import importlib
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("bench.train")
 
 
 def test_fused_vs_two_forward_by_hand(monkeypatch):
