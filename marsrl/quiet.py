@@ -8,6 +8,11 @@ the per-step lines and progress bars are not touched.  Library use (``import mar
 - transformers' FutureWarnings that ``gradient_checkpointing`` and its methods are renamed
   ``activation_checkpointing``: TRL's GRPOConfig sets the old field (its default is True) and TRL's
   trainer calls the old methods; nothing in marsrl's hands uses the old names.
+- Ray's notice that it turned token authentication on for the local cluster a rollout pool starts
+  (Ray's own default, announced each time Ray picks it); the notice that authentication is *off* still
+  shows.
+- marsrl's own warnings are shown, as one line each (``marsrl: UserWarning: ...``) instead of Python's
+  file:line header and source line; other packages' warnings keep Python's format.
 - DeepSpeed's "Setting accelerator to CPU" log line, only when torch sees no CUDA device (the CPU is
   then the right accelerator); where a GPU is visible and DeepSpeed misses it, the line still shows.
 """
@@ -30,6 +35,8 @@ KNOWN_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     ),  # if the env var is late
 )
 DEEPSPEED_CPU_NOTICE = "Setting accelerator to CPU."
+RAY_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster."
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
 def _no_cuda() -> bool:
@@ -43,11 +50,32 @@ class _DeepSpeedCpuNotice(logging.Filter):
         return not (str(record.msg).startswith(DEEPSPEED_CPU_NOTICE) and _no_cuda())
 
 
+class _RayAuthNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(RAY_AUTH_NOTICE)
+
+
+def _add_filter(logger: str, kind: type[logging.Filter]) -> None:
+    log = logging.getLogger(logger)
+    if not any(isinstance(f, kind) for f in log.filters):
+        log.addFilter(kind())
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_python_format = warnings.formatwarning
+
+
+def _one_line(message, category, filename, lineno, line=None):
+    if os.path.abspath(filename).startswith(_PACKAGE + os.sep):
+        return f"marsrl: {category.__name__}: {message}\n"
+    return _python_format(message, category, filename, lineno, line)
+
+
 def quiet() -> None:
     """Install the filters of the module docstring (idempotent)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     for category, message in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
-    ds = logging.getLogger("DeepSpeed")
-    if not any(isinstance(f, _DeepSpeedCpuNotice) for f in ds.filters):
-        ds.addFilter(_DeepSpeedCpuNotice())
+    warnings.formatwarning = _one_line
+    _add_filter("DeepSpeed", _DeepSpeedCpuNotice)
+    _add_filter(RAY_AUTH_LOGGER, _RayAuthNotice)

@@ -14,13 +14,15 @@ from marsrl import quiet
 @pytest.fixture
 def quiet_filters(monkeypatch):
     monkeypatch.delenv("TRL_EXPERIMENTAL_SILENCE", raising=False)
-    ds = logging.getLogger("DeepSpeed")
-    before = list(ds.filters)
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # put back afterwards
+    loggers = [logging.getLogger(name) for name in ("DeepSpeed", quiet.RAY_AUTH_LOGGER)]
+    before = [list(log.filters) for log in loggers]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # below quiet()'s filters: anything they do not match shows
         quiet.quiet()
         yield caught
-    ds.filters[:] = before
+    for log, kept in zip(loggers, before, strict=True):
+        log.filters[:] = kept
 
 
 def test_known_warnings_are_silenced_and_others_are_not(quiet_filters):
@@ -61,3 +63,30 @@ def test_deepspeed_cpu_notice_only_without_cuda(quiet_filters, monkeypatch, capl
     assert got == ["some other DeepSpeed warning", got[-1]] and got[-1].startswith(
         "Setting accelerator to CPU"
     )
+
+
+def test_ray_auth_notice_only_when_enabled(quiet_filters):
+    """Ray's own notice, from its own function: 'enabled' (Ray's default) is silenced, 'disabled' shows
+    (a handler on Ray's logger itself: Ray's loggers do not propagate to the root)."""
+    from ray._private.authentication import authentication_token_setup as setup
+
+    got = []
+    handler = logging.Handler()
+    handler.emit = lambda record: got.append(record.getMessage())
+    log = logging.getLogger(quiet.RAY_AUTH_LOGGER)
+    log.addHandler(handler)
+    try:
+        setup._warn_token_auth_enabled()
+        setup._warn_token_auth_disabled()
+    finally:
+        log.removeHandler(handler)
+    assert len(got) == 1 and got[0].startswith("Token authentication is disabled"), got
+
+
+def test_marsrl_warnings_print_as_one_line(quiet_filters):
+    from marsrl.trainer import trainer as marsrl_module
+
+    ours = warnings.formatwarning("mass lost", UserWarning, marsrl_module.__file__, 386, "x = 1")
+    assert ours == "marsrl: UserWarning: mass lost\n"
+    theirs = warnings.formatwarning("other", UserWarning, warnings.__file__, 5, "y = 2")
+    assert theirs.startswith(warnings.__file__) and "y = 2" in theirs

@@ -69,6 +69,15 @@ from .worker import check_sources_match, source_name
 log = logging.getLogger(__name__)
 
 
+def start_local_ray() -> None:
+    """Start a Ray cluster on this machine for the pool's actors (no dashboard, Ray's INFO lines off the
+    console, its warnings kept). Its actors run at niceness 0 unless ``RAY_worker_niceness`` says
+    otherwise: at Ray's default of 15 a rollout actor starves behind any other process on the machine,
+    the trainer it serves included, and its steps slow down by whatever else runs."""
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    ray.init(include_dashboard=False, logging_level=logging.WARNING)
+
+
 class RolloutError(RuntimeError):
     """A request that could not be completed, or actors that could not start (the message says which)."""
 
@@ -98,7 +107,10 @@ class RolloutPool:
         self._worker_config = dataclasses.replace(config.worker, **paths)
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
-            ray.init(**({"address": config.address} if config.address else {"include_dashboard": False}))
+            if config.address:
+                ray.init(address=config.address)
+            else:
+                start_local_ray()
         self.version = 0
         self.runs = 0  # run() calls so far
         self.events: list[dict] = []  # dispatch / done / died / timeout / replaced of the current run

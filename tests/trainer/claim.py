@@ -10,7 +10,8 @@ is computed by enumeration; N speculative rollouts estimate it with the recorded
     uncorrected        the same with w = 1.
 
 Gradients are projected on D random parameter directions (central differences in float64), so each
-estimate is a D-vector with a per-coordinate Monte Carlo standard error. Used by tests/trainer/test_claim.py."""
+estimate is a D-vector with a per-coordinate Monte Carlo standard error. Used by
+tests/trainer/test_claim.py."""
 
 from __future__ import annotations
 
