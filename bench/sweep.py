@@ -58,6 +58,8 @@ RUNS: dict[str, list[str]] = {
         "trainer.per_device_train_batch_size=64",
         "trainer.num_generations=16",
     ],
+    "beta0.04": ["trainer.beta=0.04"],
+    "lr1e-4_beta0.04_s40": ["trainer.learning_rate=1.0e-4", "trainer.beta=0.04", "trainer.max_steps=40"],
     "lr1e-3_beta0.04": ["trainer.learning_rate=1.0e-3", "trainer.beta=0.04"],
     "lr1e-3_grpo": ["trainer.learning_rate=1.0e-3", "trainer.loss_type=grpo"],
     "lr1e-3_bnpo": ["trainer.learning_rate=1.0e-3", "trainer.loss_type=bnpo"],

@@ -4,7 +4,8 @@ exactly the series drawn (``arm, x, y`` and, for a band, ``y_low, y_high``; for 
 debiased exponential moving average over the arm's steps, ``stats.ema`` with alpha ``stats.EMA_ALPHA``.
 
 A row whose value is missing, null or NaN stays in the series with an empty ``y``: the line breaks
-there (a gap), it is not bridged.  Rows without an x (``wall_s`` absent) are left out.  An arm that never
+there (a gap), it is not bridged; a sparse figure (the held-out evaluations, every few steps) keeps only
+the steps that logged it, with the result before training (``eval.json``) at step 0.  Rows without an x (``wall_s`` absent) are left out.  An arm that never
 logged the key is not drawn; a figure no arm logged is skipped.
 
 Drawing uses matplotlib's Agg canvas on a bare ``Figure`` (no pyplot), so it needs no display and does
@@ -31,6 +32,14 @@ class PlotSpec:
     x: str = "step"  # "step" or "wall_s"
     se: str | None = None  # a per-step standard error: drawn as a +-1 SE band
     smooth: bool = False  # also draw the EMA-smoothed curve (stats.ema), the raw one faint beside it
+    low: str | None = None  # the keys of an interval drawn as a band (e.g. a Wilson 95% interval)
+    high: str | None = None
+    sparse: bool = False  # only the steps that logged ``y`` (an evaluation every few steps), joined
+    before: str | None = None  # a held-out result in eval.json["before"] drawn at step 0
+
+    @property
+    def band(self) -> bool:
+        return self.se is not None or self.low is not None
 
 
 _SMOOTHED = "{} (faint: raw; solid: EMA, alpha " + f"{stats.EMA_ALPHA:g})"
@@ -52,6 +61,18 @@ PLOTS: dict[str, PlotSpec] = {
     "unsupported_mass": PlotSpec("unsupported mass", "train/bias/unsupported_mass", "mass"),
     "is_ratio_mean": PlotSpec("importance ratio mean", "train/bias/is_ratio_mean", "mean pi / b"),
     "draft_loss": PlotSpec("draft loss", "train/draft/loss", "loss"),
+    **{
+        f"heldout_{name}": PlotSpec(
+            f"held-out accuracy, {label} (band: Wilson 95%)",
+            f"eval/{name}_accuracy",
+            "accuracy",
+            low=f"eval/{name}_ci_low",
+            high=f"eval/{name}_ci_high",
+            sparse=True,
+            before=name,
+        )
+        for name, label in (("t1", "T = 1"), ("greedy", "greedy"))
+    },
 }
 XLABELS = {"step": "step", "wall_s": "wall-clock (s)"}
 
@@ -64,8 +85,11 @@ def plot_series(arms: list[Arm], spec: PlotSpec) -> list[dict]:
         if not any(finite(r.get(spec.y)) for r in arm.rows):
             continue
         smoothed = stats.ema([float(r[spec.y]) if finite(r.get(spec.y)) else None for r in arm.rows])
+        before = _before_point(arm, spec)
+        if before is not None:
+            out.append(before)
         for r, smooth in zip(arm.rows, smoothed, strict=True):
-            if not finite(r.get(spec.x)):
+            if not finite(r.get(spec.x)) or (spec.sparse and not finite(r.get(spec.y))):
                 continue
             y = float(r[spec.y]) if finite(r.get(spec.y)) else None
             point = {"arm": arm.name, "x": r[spec.x], "y": y}
@@ -73,10 +97,29 @@ def plot_series(arms: list[Arm], spec: PlotSpec) -> list[dict]:
                 se = float(r[spec.se]) if finite(r.get(spec.se)) else None
                 point["y_low"] = y - se if y is not None and se is not None else None
                 point["y_high"] = y + se if y is not None and se is not None else None
+            elif spec.low is not None:
+                point["y_low"] = float(r[spec.low]) if finite(r.get(spec.low)) else None
+                point["y_high"] = float(r[spec.high]) if finite(r.get(spec.high)) else None
             if spec.smooth:
                 point["y_smooth"] = smooth
             out.append(point)
     return out
+
+
+def _before_point(arm: Arm, spec: PlotSpec) -> dict | None:
+    """The held-out result before training (eval.json), at step 0, for a spec that asks for it."""
+    if spec.before is None or spec.x != "step" or not isinstance(arm.eval, dict):
+        return None
+    result = (arm.eval.get("before") or {}).get(spec.before)
+    if not isinstance(result, dict) or not finite(result.get("accuracy")):
+        return None
+    return {
+        "arm": arm.name,
+        "x": 0,
+        "y": float(result["accuracy"]),
+        "y_low": float(result["ci_low"]) if finite(result.get("ci_low")) else None,
+        "y_high": float(result["ci_high"]) if finite(result.get("ci_high")) else None,
+    }
 
 
 def write_series_csv(series: list[dict], path: Path, band: bool, smooth: bool = False) -> None:
@@ -125,7 +168,7 @@ def draw(series: list[dict], spec: PlotSpec, path: Path, arm_names: list[str]) -
             ax.plot(xs, sm, color=color, linewidth=1.8, label=name)
         else:
             ax.plot(xs, ys, marker=".", color=color, label=name)
-        if spec.se is not None:
+        if spec.band:
             lo = [nan if p["y_low"] is None else p["y_low"] for p in pts]
             hi = [nan if p["y_high"] is None else p["y_high"] for p in pts]
             ax.fill_between(xs, lo, hi, color=color, alpha=0.2, linewidth=0)
@@ -153,7 +196,7 @@ def write_plots(arms: list[Arm], out_dir: Path, plots: dict[str, PlotSpec] = PLO
             skipped.append(name)
             continue
         png, csv_path = out_dir / f"{name}.png", out_dir / f"{name}.csv"
-        write_series_csv(series, csv_path, band=spec.se is not None, smooth=spec.smooth)
+        write_series_csv(series, csv_path, band=spec.band, smooth=spec.smooth)
         draw(series, spec, png, names)
         written[name] = {"png": png, "csv": csv_path, "points": len(series)}
     return written, skipped

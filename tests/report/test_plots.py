@@ -19,12 +19,18 @@ def _value(row, key):
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
 
+DENSE = sorted(n for n, s in PLOTS.items() if not s.sparse)
+SPARSE = sorted(n for n, s in PLOTS.items() if s.sparse)
+
+
 def test_every_plot_written(built):
+    """The synthetic arms log every training metric and no held-out evaluation."""
     _, report = built
-    assert set(report.plots) == set(PLOTS) and report.skipped_plots == []
+    assert set(report.plots) == set(DENSE) and sorted(report.skipped_plots) == SPARSE
+    assert SPARSE == ["heldout_greedy", "heldout_t1"]
 
 
-@pytest.mark.parametrize("name", sorted(PLOTS))
+@pytest.mark.parametrize("name", DENSE)
 def test_csv_is_the_rows_and_png_decodes(built, name):
     out, _ = built
     spec = PLOTS[name]
@@ -80,3 +86,28 @@ def test_arm_or_plot_without_the_metric(tmp_path):
     written, skipped = write_plots(exp.arms, out / "report", plots)
     assert skipped == ["draft_loss"] and not (out / "report" / "draft_loss.png").exists()
     assert {p["arm"] for p in read_series_csv(written["relaxed_frac"]["csv"])} == {"mars"}
+
+
+def test_heldout_plots_are_the_evaluations_with_before_at_step_zero(tmp_path):
+    """Only the steps that evaluated, joined, each with its interval as the band; the result before
+    training (eval.json) at step 0; an arm that never evaluated is not drawn."""
+    out = write_experiment(tmp_path, arms=("strict", "mars"))
+    (out / "report").mkdir()
+    exp = load_experiment(out)
+    strict, mars = exp.arms
+    strict.eval = {"before": {"t1": {"accuracy": 0.30, "ci_low": 0.26, "ci_high": 0.34}}}
+    for step, acc in ((3, 0.33), (6, 0.35), (9, 0.36)):
+        strict.rows[step].update(
+            {"eval/t1_accuracy": acc, "eval/t1_ci_low": acc - 0.04, "eval/t1_ci_high": acc + 0.05}
+        )
+    written, skipped = write_plots(exp.arms, out / "report", {k: PLOTS[k] for k in SPARSE})
+    assert skipped == ["heldout_greedy"]
+    series = read_series_csv(written["heldout_t1"]["csv"])
+    assert mars.eval  # mars has an eval.json, but logged no evaluation during training: not drawn
+    assert {p["arm"] for p in series} == {"strict"}
+    assert [p["x"] for p in series] == [0, 3, 6, 9]
+    assert [p["y"] for p in series] == pytest.approx([0.30, 0.33, 0.35, 0.36])
+    assert [p["y_low"] for p in series] == pytest.approx([0.26, 0.29, 0.31, 0.32])
+    assert [p["y_high"] for p in series] == pytest.approx([0.34, 0.38, 0.40, 0.41])
+    img = imread(written["heldout_t1"]["png"])
+    assert img.shape[:2] == (400, 640) and img.std() > 0
