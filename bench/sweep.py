@@ -1,12 +1,14 @@
 """Which GRPO settings make the tiny world's policy learn: a measured sweep of the strict arm.
 
-Each configuration is ``configs/grpo_tiny.yaml`` (or ``--config``) plus its overrides, trained as one
-strict arm (in-process rollout worker, wandb off) with ``marsrl.experiment.evaluate``'s held-out
-callback: accuracy at T = 1 (the rollout temperature GRPO optimises) and greedy on ``data.n_eval``
+Each configuration is ``configs/grpo_tiny.yaml`` (or ``--config``) plus its overrides, trained as the
+strict arm of ``marsrl train`` (``run.run_arm``: the main job's own code path, checkpoints and samples
+included; the rollout worker in-process, whose trajectories equal a Ray actor's; wandb off) with its
+held-out evaluation: accuracy at T = 1 (the rollout temperature GRPO optimises) and greedy on ``data.n_eval``
 problems, the same problems and sampling seed for every configuration, before training, every
 ``eval.every`` steps and after. The after-vs-before comparison is paired over problems (exact McNemar
 p, paired-bootstrap 95% interval of the difference; see evaluate.py). The policy before training is
-the same for every configuration of a world, so it is evaluated once per world and reused.
+the same for every configuration of a world, so its evaluation (``eval_before.json``) is offered to the
+next run, which takes it only where it was made with the same model, problems and settings.
 
     python -m bench.sweep --probe                       # the SFT policy's T = 1 pass rate per problem
     python -m bench.sweep --runs base lr1e-3            # named configurations (RUNS below)
@@ -37,8 +39,6 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
-from transformers import TrainerCallback
-
 # name -> overrides over the config file (``--set`` syntax); the first ones are the learning-rate and
 # batch axes, then KL, loss type, completion length, steps
 RUNS: dict[str, list[str]] = {
@@ -67,19 +67,18 @@ RUNS: dict[str, list[str]] = {
     "lr1e-3_s40": ["trainer.learning_rate=1.0e-3", "trainer.max_steps=40"],
 }
 
-# every run: one strict arm, no Ray, no wandb, no checkpoints, no samples
+# every run: one strict arm of ``marsrl train`` (``run.run_arm``, the main job's own code path), its
+# rollout worker in-process (a Ray actor yields the same trajectories, bit for bit), no wandb
 FIXED = [
     "pool_backend=local",
     "wandb.mode=disabled",
-    "samples_per_step=0",
-    "trainer.save_steps=100000",
 ]
 
 
-def _load(config: str, overrides: list[str], out: Path):
+def _load(config: str, overrides: list[str], out: Path, name: str = "sweep"):
     from marsrl.experiment.config import ArmConfig, load_experiment
 
-    cfg = load_experiment(config, [*FIXED, f"output_dir={out}", *overrides])
+    cfg = load_experiment(config, [*FIXED, f"output_dir={out}", f"experiment={name}", *overrides])
     return dataclasses.replace(cfg, arms=(ArmConfig("strict", rule="strict"),))
 
 
@@ -91,120 +90,73 @@ def _brief(result: dict) -> dict:
     }
 
 
-def _before_key(cfg, sources, kw: dict) -> str:
-    return json.dumps(
-        [sources.model, cfg.data.n_eval, kw["temperatures"], kw["max_new_tokens"], kw["seed"]],
-        sort_keys=True,
-    )
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-class _StepLine(TrainerCallback):
-    """One stderr line per step (reward, seconds) to follow a run."""
+def run_one(name: str, overrides: list[str], config: str, work: Path, befores: list[Path]) -> dict:
+    """Train the strict arm of one configuration exactly as ``marsrl train`` does; its figures (see the
+    module docstring). ``befores``: the eval_before.json files of earlier runs, offered to this one
+    (``run_arm`` takes one only if it was made with the same model, problems and settings)."""
+    import shutil
 
-    def __init__(self, name: str):
-        self.name = name
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "reward" in logs:
-            extra = "".join(f" {k} {v:.3f}" for k, v in logs.items() if k.startswith("eval_") and "acc" in k)
-            print(
-                f"{self.name} step {state.global_step}: reward {logs['reward']:.3f}"
-                f" {logs.get('step_seconds', float('nan')):.1f} s{extra}",
-                file=sys.stderr,
-                flush=True,
-            )
-
-
-def run_one(name: str, overrides: list[str], config: str, work: Path, befores: dict) -> dict:
-    """Train the strict arm of one configuration; its figures (see the module docstring)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.trainer_callback import ProgressCallback
 
-    from marsrl.drafter import Eagle3Drafter
-    from marsrl.experiment.evaluate import (
-        HeldoutEvalCallback,
-        compare_evals,
-        eval_settings,
-        evaluate_policy,
-    )
-    from marsrl.experiment.run import build_pool, load_data, resolve_sources, reward_functions, trainer_args
-    from marsrl.trainer import MarsGRPOTrainer
+    from marsrl.experiment.evaluate import CURVE_FILE
+    from marsrl.experiment.run import arm_dir, load_data, resolve_sources, run_arm, seed_root, trainer_args
 
-    torch.set_num_threads(1)
-    out = work / name
-    cfg = _load(config, overrides, work)
+    cfg = _load(config, overrides, work, name)
     arm = cfg.arms[0]
     t_setup = time.perf_counter()
     sources = resolve_sources(cfg, progress=True)
-    data_ds, heldout = load_data(cfg, sources.world)
-    args = trainer_args(cfg, arm, out, use_wandb=False)
-    torch.manual_seed(cfg.seed)
-    tokenizer = AutoTokenizer.from_pretrained(sources.model)
-    model = AutoModelForCausalLM.from_pretrained(sources.model)
-    drafter = None
-    if args.draft_refresh_every and sources.drafter:
-        drafter = Eagle3Drafter.from_pretrained(sources.drafter, target=model)
-    kw = eval_settings(cfg, args)
-    key = _before_key(cfg, sources, kw)
-    if key not in befores:
-        befores[key] = evaluate_policy(model, tokenizer, heldout, **kw)
-    before = befores[key]
-    pool = build_pool(cfg, arm, sources)
-    torch.set_num_threads(1)
+    data = load_data(cfg, sources.world)
+    root = seed_root(cfg)
+    root.mkdir(parents=True, exist_ok=True)
+    for kept in befores:  # the last one offered wins if several match; run_arm checks the settings
+        shutil.copyfile(kept, root / "eval_before.json")
+        break
     setup_s = time.perf_counter() - t_setup
-    try:
-        trainer = MarsGRPOTrainer(
-            model, reward_functions(cfg.rewards), args, data_ds, tokenizer, pool=pool, drafter=drafter
-        )
-        trainer.remove_callback(ProgressCallback)
-        callback = HeldoutEvalCallback(tokenizer, heldout, out, every=cfg.eval.every, before=before, **kw)
-        callback.attach(trainer)
-        trainer.add_callback(_StepLine(name))
-        started = time.perf_counter()
-        load0 = os.getloadavg()[0]
-        cpu0 = time.process_time()
-        trainer.train()
-        wall = time.perf_counter() - started
-        cpu = time.process_time() - cpu0
-        load1 = os.getloadavg()[0]
-    finally:
-        if pool is not None:
-            pool.shutdown()
-    steps = [r for r in trainer.state.log_history if "loss" in r and "reward" in r]
-    rewards = [r["reward"] for r in steps]
+    load0 = os.getloadavg()[0]
+    started, cpu0 = time.perf_counter(), time.process_time()
+    evals = run_arm(cfg, arm, sources, data, resume=False, progress=False)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
+    load1 = os.getloadavg()[0]
+    if (root / "eval_before.json").is_file():
+        befores.insert(0, root / "eval_before.json")
+    folder = arm_dir(cfg, arm)
+    args = trainer_args(cfg, arm, folder, use_wandb=False)
+    steps = [r for r in _jsonl(folder / "metrics.jsonl") if "train/reward" in r]
+    rewards = [r["train/reward"] for r in steps]
     q = max(1, len(rewards) // 4)
-    eval_s = sum(r.get("seconds") or 0.0 for s, r in callback.results.items() if s > 0)
-    eval_cpu = sum(r.get("cpu_seconds") or 0.0 for s, r in callback.results.items() if s > 0)
-    after = callback.final
-    curve = [
-        {"step": s, **{n: r[n]["accuracy"] for n in kw["temperatures"]}}
-        for s, r in sorted(callback.results.items())
-    ]
+    curve_rows = _jsonl(folder / CURVE_FILE)
+    during = [c for c in curve_rows if c["step"] > 0]
+    eval_s = sum(c.get("seconds") or 0.0 for c in during)
+    eval_cpu = sum((c.get("results") or {}).get("cpu_seconds") or 0.0 for c in during)
+    names = [k for k in evals["before"] if isinstance(evals["before"][k], dict)]
     return {
         "overrides": overrides,
         "steps": len(steps),
         "prompts_per_step": args.per_device_train_batch_size // args.num_generations,
         "G": args.num_generations,
-        "before": _brief(before),
-        "after": _brief(after),
-        "paired": compare_evals(before, after),
-        "curve": curve,
+        "before": _brief(evals["before"]),
+        "after": _brief(evals["after"]),
+        "paired": evals["comparison"],
+        "curve": [{"step": c["step"], **{n: c.get(f"{n}_accuracy") for n in names}} for c in curve_rows],
         "reward_per_step": rewards,
         "reward_first_quarter": statistics.fmean(rewards[:q]) if rewards else None,
         "reward_last_quarter": statistics.fmean(rewards[-q:]) if rewards else None,
-        "reward_std_mean": _mean(steps, "reward_std"),
-        "zero_std_frac_mean": _mean(steps, "frac_reward_zero_std"),
-        "completion_length_mean": _mean(steps, "completions/mean_length"),
+        "reward_std_mean": _mean(steps, "train/reward_std"),
+        "zero_std_frac_mean": _mean(steps, "train/frac_reward_zero_std"),
+        "completion_length_mean": _mean(steps, "train/completions/mean_length"),
         "train_and_eval_s": round(wall, 1),
         "eval_during_s": round(eval_s, 1),
         "train_s": round(wall - eval_s, 1),
         "setup_s": round(setup_s, 1),
-        # CPU seconds of this (single-threaded) process: close to a quiet machine's wall-clock
+        # CPU seconds of this process (the trainer and its in-process rollout worker)
         "train_cpu_s": round(cpu - eval_cpu, 1),
         "eval_during_cpu_s": round(eval_cpu, 1),
-        "before_eval_cpu_s": round(before.get("cpu_seconds") or 0.0, 1),
-        "step_seconds_median": _median(steps, "step_seconds"),
+        "torch_threads": torch.get_num_threads(),
+        "step_seconds_median": _median(steps, "train/step_seconds"),
         "loadavg_start_end": [round(load0, 2), round(load1, 2)],
     }
 
@@ -356,7 +308,7 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown run(s) {unknown}; one of {list(RUNS)}")
     out = Path(a.out)
-    befores: dict = {}
+    befores: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="marsrl-sweep-") as tmp:
         work = Path(tmp)
         if a.probe:
