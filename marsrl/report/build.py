@@ -62,7 +62,7 @@ def build_report(
     others = [a for a in exp.arms if a is not ref]
     comparisons = {a.name: compare_arms(a, ref, target, n_boot, seed, exp.timing) for a in others}
     aa = aa_check(exp.timing, ref.name, n_boot, seed) if ref is not None else None
-    projections = {a.name: projection(a, ref, n_boot, seed) for a in others}
+    projections = {a.name: projection(a, ref, n_boot, seed, exp.timing) for a in others}
     rows = table_cells(summaries, final_frac) + comparison_cells(comparisons, names, ref.name if ref else "")
     table = format_markdown(rows, names)
     text, metrics = verdict(exp.arms, summaries, comparisons, projections, target, n_boot, seed)

@@ -321,11 +321,17 @@ def compare_arms(
     return {k: v for k, v in figs.items() if v is not None}
 
 
-def projection(arm: Arm, ref: Arm, n_boot: int = stats.N_BOOT, seed: int = stats.SEED) -> dict | None:
+def projection(
+    arm: Arm, ref: Arm, n_boot: int = stats.N_BOOT, seed: int = stats.SEED, timing: dict | None = None
+) -> dict | None:
     """What the arm's rollout speed-up would do to the step time: Amdahl's 1 / (1 - s + s / r), r the
-    tokens/s ratio, s the reference's rollout share of a step (measured: its mean over steps, resampled
-    with r over the paired steps; published: ``PUBLISHED_SHARES``).  Arithmetic, not a measurement.
-    None when a series is missing."""
+    tokens/s ratio, s the reference's rollout share of a step (measured; published: ``PUBLISHED_SHARES``).
+    Arithmetic, not a measurement.  With the interleaved timing (``timing.json``), r and s come from it
+    (s: the reference's rollout seconds over those plus its non-rollout seconds per step), resampled over
+    the repeats, like the report's other timing ratios; without it, from the arms' per-step rows
+    (resampled over the paired steps).  None when a series is missing."""
+    if _timed(timing, arm.name, ref.name) and finite(timing.get("train_seconds")):
+        return _projection_interleaved(timing, arm.name, ref.name, n_boot, seed)
     share = _series(ref.rows, "train/rollout/share_of_step")
     s, a, r = paired_steps(
         share,
@@ -358,6 +364,45 @@ def projection(arm: Arm, ref: Arm, n_boot: int = stats.N_BOOT, seed: int = stats
             "published": published,
             "source": PUBLISHED_SOURCE,
             "interval": BY_STEPS,
+            "basis": "per-step rows",
+            "n": m["n"],
+        }
+    )
+
+
+def _projection_interleaved(timing: dict, arm: str, ref: str, n_boot: int, seed: int) -> dict:
+    a, r = timing["arms"][arm], timing["arms"][ref]
+    train = float(timing["train_seconds"])
+    columns = [a["tokens"], a["seconds"], r["tokens"], r["seconds"]]
+
+    def speed(ta, sa, tr, sr):
+        return (ta.sum(-1) / sa.sum(-1)) / (tr.sum(-1) / sr.sum(-1))
+
+    def at_measured(ta, sa, tr, sr):
+        sh = sr.mean(-1) / (train + sr.mean(-1))
+        return 1.0 / (1.0 - sh + sh / speed(ta, sa, tr, sr))
+
+    speedup, ms = stats.paired_bootstrap(speed, columns, n_boot, seed)
+    value, m = stats.paired_bootstrap(at_measured, columns, n_boot, seed)
+    rollout = sum(r["seconds"]) / len(r["seconds"])
+    return _json_safe(
+        {
+            "share": rollout / (train + rollout),
+            "speedup": speedup,
+            "speedup_low": ms["low"],
+            "speedup_high": ms["high"],
+            "measured": {"value": value, "low": m["low"], "high": m["high"]},
+            "published": {
+                f"{p:g}": {
+                    "value": stats.amdahl(p, speedup),
+                    "low": stats.amdahl(p, ms["low"]),
+                    "high": stats.amdahl(p, ms["high"]),
+                }
+                for p in PUBLISHED_SHARES
+            },
+            "source": PUBLISHED_SOURCE,
+            "interval": BY_REPEATS,
+            "basis": "interleaved timing",
             "n": m["n"],
         }
     )

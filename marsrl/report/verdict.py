@@ -109,7 +109,8 @@ def projection_sentence(arm: str, ref: str, p: dict | None, step_time: Figure | 
     text = (
         f"Projection for {arm} (arithmetic, not a measurement): {ref}'s rollouts took "
         f"{100 * p['share']:.1f}% of its step; with rollouts {p['speedup']:.2f}x "
-        f"[{p['speedup_low']:.2f}, {p['speedup_high']:.2f}] as fast, Amdahl's law 1 / (1 - s + s / r) "
+        f"[{p['speedup_low']:.2f}, {p['speedup_high']:.2f}] as fast ({p.get('basis', 'per-step rows')}), "
+        f"Amdahl's law 1 / (1 - s + s / r) "
         f"gives a step-time speed-up of {m['value']:.2f}x "
         f"[{m['low']:.2f}, {m['high']:.2f}] at that share"
     )

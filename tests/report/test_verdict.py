@@ -156,3 +156,31 @@ def test_no_strict_arm_and_single_arm():
         "Only one arm (a, mean reward 0.432); nothing to compare.",
         {},
     )
+
+
+def test_projection_takes_the_interleaved_timing_when_there_is_one():
+    """With timing.json, r and s come from the interleaved A/B (by hand here), not the per-step rows
+    that the arms logged one after the other; the sentence names the basis."""
+    from marsrl.report.compare import projection
+    from marsrl.report.verdict import projection_sentence
+
+    strict = Arm("strict", Path("strict"), rows=metric_rows("strict"))
+    mars = Arm("mars", Path("mars"), rows=metric_rows("mars"))
+    timing = {
+        "train_seconds": 8.0,
+        "arms": {
+            "strict": {"seconds": [4.0, 5.0, 4.5, 4.5], "tokens": [600] * 4},
+            "mars": {"seconds": [3.0, 3.5, 3.0, 3.5], "tokens": [610] * 4},
+        },
+    }
+    p = projection(mars, strict, n_boot=200, seed=0, timing=timing)
+    r = (610 * 4 / 13.0) / (600 * 4 / 18.0)
+    share = 4.5 / (8.0 + 4.5)
+    assert p["basis"] == "interleaved timing" and p["n"] == 4
+    assert p["speedup"] == pytest.approx(r) and p["share"] == pytest.approx(share)
+    assert p["measured"]["value"] == pytest.approx(1 / (1 - share + share / r))
+    assert p["published"]["0.98"]["value"] == pytest.approx(1 / (1 - 0.98 + 0.98 / r))
+    assert p["speedup_low"] <= r <= p["speedup_high"]
+    rows = projection(mars, strict, n_boot=200, seed=0)  # no timing: the per-step rows
+    assert rows["basis"] == "per-step rows" and rows["speedup"] != pytest.approx(r)
+    assert "(interleaved timing)" in projection_sentence("mars", "strict", p, None)
