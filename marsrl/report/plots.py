@@ -5,8 +5,9 @@ debiased exponential moving average over the arm's steps, ``stats.ema`` with alp
 
 A row whose value is missing, null or NaN stays in the series with an empty ``y``: the line breaks
 there (a gap), it is not bridged; a sparse figure (the held-out evaluations, every few steps) keeps only
-the steps that logged it, with the result before training (``eval.json``) at step 0.  Rows without an x (``wall_s`` absent) are left out.  An arm that never
-logged the key is not drawn; a figure no arm logged is skipped.
+the steps that logged it, with the result before training (``eval.json``) at step 0.  Rows without an x
+(``wall_s`` absent) are left out.  An arm that never logged the key is not drawn; a figure no arm logged
+is skipped.
 
 Drawing uses matplotlib's Agg canvas on a bare ``Figure`` (no pyplot), so it needs no display and does
 not change the process-wide backend.
