@@ -64,9 +64,17 @@ def last(rows: list[dict], key: str) -> float | None:
     return xs[-1] if xs else None
 
 
-def _eval_part(evaluation: dict | None, part: str) -> dict:
+def _eval_parts(evaluation: dict | None, part: str) -> dict[str, dict]:
+    """eval.json's ``before`` / ``after``: one result (``{"": result}``) or one per evaluation setting
+    (``{"t1": ..., "greedy": ...}``), each cut to accuracy, interval and n."""
     got = (evaluation or {}).get(part) or {}
-    return {k: got.get(k) if finite(got.get(k)) else None for k in ("accuracy", "ci_low", "ci_high", "n")}
+    results = (
+        {"": got} if "accuracy" in got or not got else {k: v for k, v in got.items() if isinstance(v, dict)}
+    )
+    return {
+        name: {k: r.get(k) if finite(r.get(k)) else None for k in ("accuracy", "ci_low", "ci_high", "n")}
+        for name, r in results.items()
+    }
 
 
 def summarize_arm(arm: Arm, frac: float = FINAL_FRAC) -> dict:
@@ -78,8 +86,10 @@ def summarize_arm(arm: Arm, frac: float = FINAL_FRAC) -> dict:
     out["final_window"] = window["window"]
     out["mean_reward"] = m("train/reward")
     for part in ("before", "after"):
-        for k, v in _eval_part(arm.eval, part).items():
-            out[f"acc_{part}" if k == "accuracy" else f"acc_{part}_{k}"] = v
+        for name, result in _eval_parts(arm.eval, part).items():
+            key = f"acc_{name}_{part}" if name else f"acc_{part}"
+            for k, v in result.items():
+                out[key if k == "accuracy" else f"{key}_{k}"] = v
     tau = (arm.eval or {}).get("tau")
     out["eval_tau"] = tau if finite(tau) else None
     out["wall_s"] = max(values(rows, "wall_s"), default=None)
@@ -156,6 +166,10 @@ ROWS: tuple[Row, ...] = (
     Row("mean reward", "mean_reward", _num(".4f")),
     Row("held-out accuracy before [95% CI]", "acc_before", _accuracy),
     Row("held-out accuracy after [95% CI]", "acc_after", _accuracy),
+    Row("held-out accuracy at T = 1, before [95% CI]", "acc_t1_before", _accuracy),
+    Row("held-out accuracy at T = 1, after [95% CI]", "acc_t1_after", _accuracy),
+    Row("held-out greedy accuracy, before [95% CI]", "acc_greedy_before", _accuracy),
+    Row("held-out greedy accuracy, after [95% CI]", "acc_greedy_after", _accuracy),
     Row("tau at the end (eval.json)", "eval_tau", _num(".3f")),
     Row("wall-clock (s)", "wall_s", _num(".1f")),
     Row("step time (s, mean)", "step_seconds", _num(".2f")),

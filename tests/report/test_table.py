@@ -3,6 +3,7 @@ the printed table carry the same cells."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +79,26 @@ def test_table_files_agree(built):
 def test_markdown_escapes_pipes():
     md = format_markdown([{"label": "a|b", "cells": {"x|y": "1"}}], ["x|y"])
     assert md.splitlines()[0].count("|") - md.splitlines()[0].count("\\|") == 3
+
+
+def test_held_out_rows_per_evaluation_setting():
+    """eval.json as the experiment writes it (one result per temperature): a row each for T = 1 and
+    greedy, before and after, each with its interval and n; no single-result row."""
+    from marsrl.report.load import Arm
+    from marsrl.report.table import summarize_arm, table_cells
+
+    def res(acc, lo, hi):
+        return {"accuracy": acc, "ci_low": lo, "ci_high": hi, "n": 500, "correct": [1, 0]}
+
+    evaluation = {
+        "before": {"t1": res(0.302, 0.263, 0.344), "greedy": res(0.524, 0.480, 0.567)},
+        "after": {"t1": res(0.424, 0.381, 0.468), "greedy": res(0.528, 0.484, 0.572)},
+    }
+    s = summarize_arm(Arm("strict", Path("strict"), eval=evaluation))
+    assert (
+        s["acc_t1_after"] == 0.424 and s["acc_t1_after_ci_low"] == 0.381 and s["acc_greedy_before_n"] == 500
+    )
+    cells = {r["key"]: r["cells"]["strict"] for r in table_cells({"strict": s})}
+    assert cells["acc_t1_before"] == "0.302 [0.263, 0.344] n=500"
+    assert cells["acc_greedy_after"] == "0.528 [0.484, 0.572] n=500"
+    assert "acc_before" not in cells and "acc_after" not in cells
