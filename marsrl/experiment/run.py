@@ -207,8 +207,8 @@ def start_wandb(cfg: ExperimentConfig, arm: ArmConfig, out: Path, resolved: dict
             config=resolved,
             dir=str(out),
             mode=mode,
-            # offline: no banner, no history table and no "URL not available" on each checkpoint (TRL's
-            # model card asks the run for its URL); the run's folder is named once the arm has finished
+            # offline: no version line and no history table at the end; the run's folder is named once
+            # the arm has finished
             settings=wandb.Settings(quiet=True) if mode == "offline" else None,
             id=resume_id,
             resume="allow" if resume_id else None,

@@ -98,6 +98,7 @@ def _resume_offline(run_dir: Path):
     same_id = [d for d in find_run_dirs(run_dir.parent) if named_for_run(d.name, original.id)]
     last = max([original.last_step, *(read_wandb_run(d).last_step for d in same_id)])
     root = run_dir.parent.parent if run_dir.parent.name == "wandb" else run_dir.parent
+    offline = run_dir.name.startswith("offline-run-")
     run = wandb.init(
         id=original.id,
         resume="allow",
@@ -107,7 +108,8 @@ def _resume_offline(run_dir: Path):
         job_type=original.job_type or None,
         tags=original.tags or None,
         dir=str(root),
-        mode="offline" if run_dir.name.startswith("offline-run-") else None,
+        mode="offline" if offline else None,
+        settings=wandb.Settings(quiet=True) if offline else None,  # the run was announced when it began
         reinit="create_new",
     )
     return run, last + 1

@@ -585,6 +585,22 @@ class MarsGRPOTrainer(GRPOTrainer):
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
+    def create_model_card(self, *args, **kwargs):
+        """TRL's model card, written at every checkpoint. TRL links the wandb run's URL, which an offline
+        run does not have (wandb then warns on every save): for an offline run the card is written
+        without it."""
+        import sys
+
+        wandb = sys.modules.get("wandb")
+        run = getattr(wandb, "run", None)
+        if run is None or not run.offline:
+            return super().create_model_card(*args, **kwargs)
+        wandb.run = None  # what TRL reads for the link; put back at once
+        try:
+            return super().create_model_card(*args, **kwargs)
+        finally:
+            wandb.run = run
+
     def _save_checkpoint(self, model, trial):
         """TRL's checkpoint, then the marsrl state (head, head optimizer, counters) and, last, a marker
         listing every file's size and SHA-256 (``checkpoint.write_manifest``): a save killed half way
