@@ -94,9 +94,7 @@ class EvalConfig:
 
     temperature: float = 0.0  # run.evaluate's single temperature (0: greedy)
     temperatures: tuple[float, ...] = (1.0, 0.0)  # 1: the rollout temperature GRPO optimises; 0: greedy
-    every: int | None = (
-        None  # evaluate every this many steps (None: ceil(max_steps / 4); 0: before/after only)
-    )
+    every: int | None = None  # evaluate every N steps (None: ceil(max_steps / 4); 0: before, after)
     seed: int | None = None  # sampling seed of the evaluations (None: the experiment's seed)
     max_new_tokens: int | None = None  # None: the trainer's max_completion_length
     batch_size: int = 64

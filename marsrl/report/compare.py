@@ -346,14 +346,7 @@ def projection(
 
     value, m = stats.paired_bootstrap(at_measured, [s, a, r], n_boot, seed)
     speedup, ms = stats.paired_bootstrap(stats.ratio_of_means, [a, r], n_boot, seed)
-    published = {
-        f"{p:g}": {
-            "value": stats.amdahl(p, speedup),
-            "low": stats.amdahl(p, ms["low"]),
-            "high": stats.amdahl(p, ms["high"]),
-        }
-        for p in PUBLISHED_SHARES
-    }
+    published = _published(speedup, ms)
     return _json_safe(
         {
             "share": sum(s) / len(s),
@@ -368,6 +361,18 @@ def projection(
             "n": m["n"],
         }
     )
+
+
+def _published(speedup: float, interval: dict) -> dict:
+    """Amdahl's step-time speed-up at each published rollout share, with the speed-up's interval."""
+    return {
+        f"{p:g}": {
+            "value": stats.amdahl(p, speedup),
+            "low": stats.amdahl(p, interval["low"]),
+            "high": stats.amdahl(p, interval["high"]),
+        }
+        for p in PUBLISHED_SHARES
+    }
 
 
 def _projection_interleaved(timing: dict, arm: str, ref: str, n_boot: int, seed: int) -> dict:
@@ -392,14 +397,7 @@ def _projection_interleaved(timing: dict, arm: str, ref: str, n_boot: int, seed:
             "speedup_low": ms["low"],
             "speedup_high": ms["high"],
             "measured": {"value": value, "low": m["low"], "high": m["high"]},
-            "published": {
-                f"{p:g}": {
-                    "value": stats.amdahl(p, speedup),
-                    "low": stats.amdahl(p, ms["low"]),
-                    "high": stats.amdahl(p, ms["high"]),
-                }
-                for p in PUBLISHED_SHARES
-            },
+            "published": _published(speedup, ms),
             "source": PUBLISHED_SOURCE,
             "interval": BY_REPEATS,
             "basis": "interleaved timing",
