@@ -26,7 +26,8 @@ the fixed-K one of its rule (``<rule>_auto_rollout_vs_<rule>``).
 ``--refresh``: two strict runs of ``--steps`` from the same seed, the head refreshed every ``--every``
 steps (the trainer's ``draft_refresh_*`` defaults unless ``--set`` changes them) and never; per run tau
 per step and over the first and last 3 steps, the reward over the same steps (is the policy learning?),
-the head's loss on the policy's states before each refresh, and the refresh's seconds and share of its
+the head's loss on the policy's states before each refresh (the learning head's and the served head's,
+and how many refreshes were served: ``draft_refresh_gate``), and the refresh's seconds and share of its
 step.
 
 ``--fused``: mars runs with ``fuse_policy_forward`` true and false, ``--rounds`` repeats interleaved
@@ -156,6 +157,8 @@ def refresh(args) -> dict:
                 "tau": taus,
                 "reward": rewards,
                 "draft_loss": [r.get("train/draft/loss") for r in rs],
+                "draft_served_loss": [r.get("train/draft/served_loss") for r in rs],
+                "served": sum(bool(r.get("train/draft/published")) for r in refreshed),
                 "refreshes": len(refreshed),
                 "refresh_seconds": spread([r["train/draft/seconds"] for r in refreshed]),
                 "refresh_share_of_its_step": spread([r["train/draft/share_of_step"] for r in refreshed]),

@@ -5,6 +5,8 @@ policy.  The data loop over a corpus is ``offline``'s.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -32,8 +34,11 @@ def _train_step(
     steps: int,
     decay: float,
     grad_clip: float | None,
+    before_update: Callable[[torch.Tensor], None] | None = None,
 ) -> dict[str, float]:
-    """One optimizer step on the TTT loss; metrics as floats (one host sync) plus the pre-clip grad norm."""
+    """One optimizer step on the TTT loss; metrics as floats (one host sync) plus the pre-clip grad norm.
+    ``before_update(loss)`` runs after the backward, before the parameters move (the head is still the
+    one the loss was measured on)."""
     was_training = drafter.training
     drafter.train()
     optimizer.zero_grad(set_to_none=True)
@@ -41,6 +46,8 @@ def _train_step(
     loss.backward()
     max_norm = float("inf") if grad_clip is None else grad_clip
     metrics["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if before_update is not None:
+        before_update(loss.detach())
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     drafter.train(was_training)
@@ -85,10 +92,21 @@ class DraftTrainer:
         self.decay = decay
         self.step_count = 0
 
-    def step(self, batch: DraftBatch) -> dict[str, float]:
-        """One optimizer step on ``batch``; returns its metrics (``ttt_loss``'s plus grad_norm, as floats)."""
+    def step(
+        self, batch: DraftBatch, before_update: Callable[[torch.Tensor], None] | None = None
+    ) -> dict[str, float]:
+        """One optimizer step on ``batch``; returns its metrics (``ttt_loss``'s plus grad_norm, as floats).
+        ``before_update(loss)``, if given, sees the loss before the parameters move (they are unchanged
+        when it runs)."""
         metrics = _train_step(
-            self.drafter, self.optimizer, self.params, batch, self.steps, self.decay, self.grad_clip
+            self.drafter,
+            self.optimizer,
+            self.params,
+            batch,
+            self.steps,
+            self.decay,
+            self.grad_clip,
+            before_update,
         )
         self.step_count += 1
         return metrics

@@ -14,6 +14,18 @@ shuffles the batch before splitting it, so a share is a sample of the groups); e
 its real tokens cover, so a refresh does not pay for the batch's padding. Which positions: those that
 predict a completion token (where the engine drafts); the prompt stays as keys.
 
+The gate (``draft_refresh_gate``, on by default): the head the pool drafts with (the *served* head,
+``drafter``) and the head that learns (the *live* head, a copy sharing the frozen embedding) are kept
+apart. At each refresh the kept rows are fresh to both: neither has learned from them. The served head's
+TTT loss on them is measured (one no-grad unroll), and the live head's comes with its training step,
+before its update. When the live head's loss is lower, its weights as measured (before this refresh's
+update) become the served head and go to the pool; otherwise the pool keeps drafting with the served one.
+So a refresh that makes the head worse for the current policy (the first steps of a fresh AdamW on a
+converged head, or a policy that moves faster than the head follows) is never served, and the served
+head changes only to one that beat it, paired on the same rows. The cost: a second copy of the head
+(without the embedding) and one no-grad unroll a refresh. Without the gate the served head is the one
+trained, in place, and every refresh reaches the pool.
+
 Departures: the rows are rank 0's (its features are local); the policy's logits are taken at T = 1 (the
 distribution the head approximates), whatever the rollout temperature.
 Leaves out: a refresh spread over several generation batches (the head learns on the latest policy only).
@@ -21,6 +33,7 @@ Leaves out: a refresh spread over several generation batches (the head learns on
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 
@@ -28,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from transformers import get_scheduler
 
-from ..drafter.train import DraftTrainer, refresh_draft
+from ..drafter.train import DraftBatch, DraftTrainer, ttt_loss
 
 
 class DraftRefresher:
@@ -43,8 +56,11 @@ class DraftRefresher:
     def __init__(self, drafter, args, total_refreshes: int):
         self.drafter = drafter
         self.args = args
+        self.gate = bool(getattr(args, "draft_refresh_gate", False))
+        # the head that learns: the served one itself, or (gated) a copy sharing its frozen embedding
+        self.live = _copy_sharing_embedding(drafter) if self.gate else drafter
         self.trainer = DraftTrainer(
-            drafter,
+            self.live,
             lr=args.draft_refresh_lr,
             grad_clip=args.draft_refresh_grad_clip,
             steps=args.draft_refresh_ttt_steps,
@@ -101,38 +117,64 @@ class DraftRefresher:
 
     # ---------------------------------------------------------------- the refresh
     def refresh(self, lm_head: torch.nn.Module) -> dict[str, float]:
-        """Train the head on the kept rows (then forgotten) against the policy's distribution there;
-        returns its metrics (``draft/*``)."""
+        """Train the live head on the kept rows (then forgotten) against the policy's distribution there,
+        serving it first when gated and it beat the served head on these rows; returns ``draft/*``
+        metrics (``draft/published`` 1 when the served head changed)."""
         start = time.perf_counter()
         dev = next(self.drafter.parameters()).device
-        batch = _join([_cut(p) for p in self._pending])
+        part = _join([_cut(p) for p in self._pending])
         self._pending = []
-        logits, learn = self._targets(lm_head, batch["hidden"], batch["learn"])
-        first = None
+        logits, learn = self._targets(lm_head, part["hidden"], part["learn"])
+        batch = DraftBatch(
+            features=part["features"].to(dev),
+            input_ids=part["input_ids"].to(dev),
+            target_logits=logits.to(dev),
+            loss_mask=learn.to(dev),
+            attention_mask=part["attention_mask"].to(dev),
+        )
+        served_loss = None
+        if self.gate and self.refreshes > 0:  # before the first refresh the live head is the served one
+            served_loss = self._loss(self.drafter, batch)
+        first: dict[str, float] = {}
+
+        def before_update(live_loss: torch.Tensor) -> None:
+            """The first step's loss (the live head on rows it has not learned from) and, gated, the live
+            head as measured served when it beat the served head on these rows."""
+            if first:
+                return
+            first["loss"] = float(live_loss)
+            if served_loss is not None and first["loss"] < served_loss:
+                _copy_weights(self.live, self.drafter)
+                first["published"] = 1.0
+
         metrics: dict[str, float] = {}
         with torch.enable_grad():
             for _ in range(self.args.draft_refresh_steps):
-                metrics = refresh_draft(
-                    self.drafter,
-                    self.trainer,
-                    batch["features"].to(dev),
-                    batch["input_ids"].to(dev),
-                    logits.to(dev),
-                    learn.to(dev),
-                    attention_mask=batch["attention_mask"].to(dev),
-                )
-                first = metrics["loss"] if first is None else first
+                metrics = self.trainer.step(batch, before_update)
                 self.scheduler.step()
         self.refreshes += 1
         return {
-            "draft/loss": first,  # on the current policy's states, before this refresh's first update
+            "draft/loss": first["loss"],  # the live head on the current policy's states, before its update
+            # the served head's on the same rows (the live one before its first refresh, or ungated)
+            "draft/served_loss": first["loss"] if served_loss is None else served_loss,
+            "draft/published": first.get("published", 0.0) if self.gate else 1.0,
             "draft/acc_0": metrics["acc_0"] if self.args.draft_refresh_steps == 1 else float("nan"),
             "draft/grad_norm": metrics["grad_norm"],
             "draft/lr": self.scheduler.get_last_lr()[0],
-            "draft/rows": float(batch["input_ids"].shape[0]),
+            "draft/rows": float(batch.input_ids.shape[0]),
             "draft/positions": metrics["positions"],
             "draft/seconds": time.perf_counter() - start,
         }
+
+    def _loss(self, head, batch: DraftBatch) -> float:
+        """``head``'s TTT loss on ``batch`` (no gradient), at the live head's depth and decay, in the mode
+        the training step measures the live head in."""
+        was_training = head.training
+        head.train()
+        with torch.no_grad():
+            loss, _ = ttt_loss(head, batch, self.trainer.steps, self.trainer.decay)
+        head.train(was_training)
+        return float(loss)
 
     @torch.no_grad()
     def _targets(self, lm_head, hidden: torch.Tensor, learn: torch.Tensor, chunk: int = 4096):
@@ -156,16 +198,45 @@ class DraftRefresher:
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
+        """Optimizer, schedule, count and (gated) the live head's own weights; the served head is the
+        trainer's ``drafter``, saved with it."""
         return {
             "trainer": self.trainer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "refreshes": self.refreshes,
+            "live": _own_weights(self.live) if self.gate else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.trainer.load_state_dict(state["trainer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.refreshes = int(state["refreshes"])
+        if self.gate and state.get("live") is not None:
+            self.live.load_state_dict(state["live"], strict=False)
+        elif self.gate:  # a state saved without the gate: the live head starts from the served one
+            _copy_weights(self.drafter, self.live)
+
+
+def _copy_sharing_embedding(drafter):
+    """A deep copy of the head whose token embedding is the original's (shared with the policy, frozen):
+    a second head costs its own layers only."""
+    shared = drafter.embed_tokens.weight
+    return copy.deepcopy(drafter, memo={id(shared): shared})
+
+
+@torch.no_grad()
+def _copy_weights(source, dest) -> None:
+    """``dest``'s parameters and buffers set to ``source``'s, in place (the shared embedding is the same
+    tensor in both)."""
+    src = source.state_dict()
+    for name, d in dest.state_dict().items():
+        if d.data_ptr() != src[name].data_ptr():
+            d.copy_(src[name])
+
+
+def _own_weights(head) -> dict:
+    """The head's state without the shared embedding (a checkpoint keeps that once, with the policy)."""
+    return {k: v for k, v in head.state_dict().items() if not k.startswith("embed_tokens.")}
 
 
 def _cut(part: dict) -> dict:

@@ -7,6 +7,9 @@
   the step, on the completions it just trained on) falls after a refresh; the policy is untouched by it.
 - Its cost is logged in the step: ``draft/seconds`` > 0 and 0 < ``draft/share_of_step`` <= 1.
 - Padding the kept rows (left and right, as TRL pads prompts and completions) changes nothing.
+- The gate: the served head changes only to the live head as it was measured, when its loss on the
+  refresh's rows (fresh to both) is below the served head's; a live head made worse (a learning rate that
+  wrecks it) is never served; the live head survives a checkpoint round trip.
 
 Rollouts: mars at theta = 0 with sampled drafts from a random head, 8 completions of up to 8 tokens a step,
 tiny world (V = 23), seeded."""
@@ -55,6 +58,7 @@ def _args(tmp, fuse: bool, **extra) -> MarsGRPOConfig:
         draft_refresh_every=1,
         draft_refresh_rows=None,
         draft_refresh_lr=1e-2,
+        draft_refresh_gate=False,  # the served head trained in place; the gate has its own tests below
         fuse_policy_forward=fuse,
     )
     fields.update(extra)
@@ -206,3 +210,96 @@ def test_refresher_state_round_trip_continues_the_same_run(folder):
     fresh = DraftRefresher(copy.deepcopy(copy_head), args, total_refreshes=4)
     fresh.add(features, hidden, ids, attn, cmask, share=1.0)
     assert fresh.refresh(lm_head)["draft/lr"] < args.draft_refresh_lr  # without the state: warm-up again
+
+
+def _gate_setup(folder, seed: int, **extra):
+    """A policy, a head, a refresher (gated) and a function that adds 4 fresh random rows to it."""
+    policy = AutoModelForCausalLM.from_pretrained(folder).eval()
+    head = tiny_head(policy, seed=seed)
+    args = _args("/tmp/unused", fuse=True, draft_refresh_gate=True, **extra)
+    refresher = DraftRefresher(head, args, total_refreshes=8)
+    gen = torch.Generator().manual_seed(seed)
+
+    def add_rows():
+        ids = torch.randint(3, policy.config.vocab_size, (4, 10), generator=gen)
+        attn = torch.ones_like(ids, dtype=torch.bool)
+        features, hidden = _captured(policy, head, ids, attn)
+        refresher.add(features, hidden, ids, attn, torch.ones(4, 5, dtype=torch.bool), share=1.0)
+
+    return policy, head, refresher, add_rows
+
+
+def _weights(head) -> dict:
+    return {k: v.clone() for k, v in head.state_dict().items()}
+
+
+def test_gate_serves_the_live_head_only_when_it_beat_the_served_one(folder):
+    """Seed 11, 6 refreshes of 4 fresh random rows each at lr 1e-2: after the first (which serves
+    nothing), the served head after each refresh is the live head as it was before it when its loss on
+    the refresh's rows is below the served head's, else the served head unchanged."""
+    policy, head, refresher, add_rows = _gate_setup(folder, seed=11)
+    lm_head = policy.get_output_embeddings()
+    start = _weights(head)
+    add_rows()
+    first = refresher.refresh(lm_head)
+    assert first["draft/published"] == 0.0, "the first refresh has nothing measured to serve"
+    for k, v in head.state_dict().items():
+        assert torch.equal(v, start[k]), k
+    assert refresher.live is not head and refresher.live.embed_tokens.weight is head.embed_tokens.weight
+    served_any = False
+    for _ in range(5):
+        served, live = _weights(head), _weights(refresher.live)
+        add_rows()
+        out = refresher.refresh(lm_head)
+        assert out["draft/served_loss"] != out["draft/loss"]
+        if out["draft/loss"] < out["draft/served_loss"]:
+            assert out["draft/published"] == 1.0
+            expected, served_any = live, True
+        else:
+            assert out["draft/published"] == 0.0
+            expected = served
+        for k, v in head.state_dict().items():
+            assert torch.equal(v, expected[k]), k
+    assert served_any, "at lr 1e-2 on one world the live head beats the random start at least once"
+
+
+def test_gate_never_serves_a_live_head_made_worse(folder):
+    """Seed 12, head lr 5.0 without clipping: every step wrecks the live head (its loss on fresh rows
+    ends above the served one's), so 5 refreshes serve nothing and the served head stays the start."""
+    policy, head, refresher, add_rows = _gate_setup(
+        folder, seed=12, draft_refresh_lr=5.0, draft_refresh_grad_clip=None
+    )
+    lm_head = policy.get_output_embeddings()
+    start = _weights(head)
+    for i in range(5):
+        add_rows()
+        out = refresher.refresh(lm_head)
+        assert out["draft/published"] == 0.0
+        if i > 0:
+            assert out["draft/loss"] > out["draft/served_loss"]
+    for k, v in head.state_dict().items():
+        assert torch.equal(v, start[k]), k
+
+
+def test_gated_refresher_round_trip_keeps_the_live_head(folder):
+    """The live head (apart from the served one) is in the refresher's state, without the shared
+    embedding: a refresher rebuilt on a copy of the served head and that state takes the same next step,
+    to the bit."""
+    policy, head, first, add_rows = _gate_setup(folder, seed=13)
+    lm_head = policy.get_output_embeddings()
+    for _ in range(2):
+        add_rows()
+        first.refresh(lm_head)
+    state = copy.deepcopy(first.state_dict())
+    assert "embed_tokens.weight" not in state["live"]
+    served = copy.deepcopy(head)
+    second = DraftRefresher(served, first.args, total_refreshes=8)
+    second.load_state_dict(state)
+    add_rows()
+    second._pending = copy.deepcopy(first._pending)  # the same kept rows for both
+    a, b = first.refresh(lm_head), second.refresh(lm_head)
+    assert a["draft/loss"] == b["draft/loss"] and a["draft/published"] == b["draft/published"]
+    for (name, p), q in zip(first.live.named_parameters(), second.live.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    for (name, p), q in zip(head.named_parameters(), served.parameters(), strict=True):
+        assert torch.equal(p, q), name
