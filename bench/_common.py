@@ -23,9 +23,11 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+Name = TypeVar("Name", bound=Hashable)
 
 
 def spread(values: list[float], digits: int = 4) -> dict:
@@ -107,9 +109,12 @@ def timed(fn: Callable[[], int], min_seconds: float = 0.0) -> tuple[float, int, 
             return wall, tokens, calls
 
 
-def interleaved(names: list[str], repeats: int, measure: Callable[[str, int], dict]) -> dict[str, list]:
+def interleaved(names: list[Name], repeats: int, measure: Callable[[Name, int], Any]) -> dict[Name, list]:
     """``measure(name, repeat)`` for every name, ``repeats`` times, the order rotated by one each repeat
-    (so no system always runs first, after the same neighbour or in the same part of a noisy minute)."""
+    (so no system always runs first, after the same neighbour or in the same part of a noisy minute).
+    A name is any hashable (a system's name, a setting's number); each name's list is in repeat order.
+    A bench with untimed warm-up calls counts them among the repeats and drops them from the lists
+    (``runs[name][warmup:]``), so the warm-up rotates with the rest."""
     runs: dict[str, list] = {name: [] for name in names}
     for rep in range(repeats):
         shift = rep % len(names)
@@ -160,10 +165,16 @@ class Timings:
                 "n": len(a)}  # fmt: skip
 
 
-def clock(fn: Callable[[], Any]) -> tuple[float, Any]:
-    """One call of ``fn``: (wall seconds, what it returned)."""
+def clock(fn: Callable[[], Any], sync: Callable[[], Any] | None = None) -> tuple[float, Any]:
+    """One call of ``fn``: (wall seconds, what it returned).  ``sync`` (a device's wait for its queued
+    work, e.g. ``torch.cuda.synchronize``) is called before the clock starts, so earlier work is not
+    counted, and after ``fn`` inside the timed span, so the work ``fn`` launched is."""
+    if sync is not None:
+        sync()
     start = time.perf_counter()
     result = fn()
+    if sync is not None:
+        sync()
     return time.perf_counter() - start, result
 
 

@@ -35,15 +35,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import torch
 
+from bench._common import clock, emit, interleaved
 from marsrl.engine import EngineConfig, SpeculativeEngine
 from marsrl.engine.adaptive import CostModel
 from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld
@@ -186,19 +185,20 @@ def main(argv=None) -> dict:
     k_max = args.max_draft_tokens
     config = EngineConfig(num_draft_tokens="auto", max_draft_tokens=k_max, max_batch_size=args.max_batch)
     engine = SpeculativeEngine(target, head, config)
-    models: dict[int, list[CostModel]] = {r: [] for r in args.repeats}
-    seconds: dict[int, list[float]] = {r: [] for r in args.repeats}
-    for i in range(args.calibrations):
-        # alternate the settings' order so neither always runs first in a pair
-        for r in args.repeats if i % 2 == 0 else args.repeats[::-1]:
-            start = time.perf_counter()
-            models[r].append(engine.calibrate(prompts=prompts, repeats=r))
-            seconds[r].append(round(time.perf_counter() - start, 2))
-            print(
-                f"[calibration] {i + 1}/{args.calibrations} repeats={r}: {seconds[r][-1]} s",
-                file=sys.stderr,
-                flush=True,
-            )
+
+    def measure(r: int, i: int) -> tuple[float, CostModel]:
+        wall, model = clock(lambda: engine.calibrate(prompts=prompts, repeats=r))
+        print(
+            f"[calibration] {i + 1}/{args.calibrations} repeats={r}: {round(wall, 2)} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        return round(wall, 2), model
+
+    # the settings' order rotated each calibration, so none always runs first
+    runs = interleaved(args.repeats, args.calibrations, measure)
+    models = {r: [m for _, m in rs] for r, rs in runs.items()}
+    seconds = {r: [s for s, _ in rs] for r, rs in runs.items()}
     out = {
         "bench": "calibration",
         "preset": args.preset,
@@ -213,8 +213,7 @@ def main(argv=None) -> dict:
     else:
         judged = compare_settings(models, args.batches, k_max, args.acceptance, args.width)
         out["by_repeats"] = {str(r): {"seconds": seconds[r], **judged[str(r)]} for r in args.repeats}
-    print(json.dumps(out, indent=1))
-    return out
+    return emit(out, indent=1)
 
 
 if __name__ == "__main__":

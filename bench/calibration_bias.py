@@ -9,7 +9,7 @@ A round's drafter first absorbs what the round before it kept.  ``SpeculativeEng
 k = 0 .. K; with one round a k (``--repeat`` 1) a timed round
 follows another k (passing up, k = 1 follows a plain step and absorbs what that step and K kept),
 with two (``calibrate``'s default) only the second of each pair is timed.  Each repeat, interleaved in
-alternating order: one calibration of each kind at ``--rows`` live rows on the world's own prompts, and
+rotated order: one calibration of each kind at ``--rows`` live rows on the world's own prompts, and
 one call a k in ``--ks`` drafting that k every round (``--rounds`` rounds, every row live, the first
 two rounds left out).  Reports, per k: the fixed runs' median round (ms) at their median cache width,
 and each kind's model at that width (the median over its calibrations), as ms and as model / fixed.
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 
 import torch
 
+from bench._common import emit, interleaved
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
 from marsrl.tinyworld import PRESETS, build_tinyworld, load_tinyworld
 from marsrl.tinyworld.build import heldout_problems
@@ -83,20 +83,24 @@ def main(argv: list[str] | None = None) -> dict:
         rule=args.rule, num_draft_tokens="auto", max_draft_tokens=args.max_draft_tokens, max_batch_size=rows
     )
     engine = SpeculativeEngine(target, head, cfg)
-    models: dict[str, list] = {kind: [] for kind in KINDS}
-    fixed: dict[int, list[tuple[int, float]]] = {k: [] for k in args.ks}
-    for rep in range(args.repeats):
-        order = [*KINDS, "fixed"] if rep % 2 == 0 else ["fixed", *reversed(KINDS)]
-        for name in order:
-            if name in KINDS:
-                models[name].append(engine.calibrate(rows=[rows], prompts=prompts, **KINDS[name]))
-                continue
-            for k in args.ks:
-                new = (k + 1) * args.rounds + 1  # no row finishes before the run ends
-                sp = SamplingParams(max_new_tokens=new, n=group, ignore_eos=True, seed=rep)
-                engine._generate(prompts, sp, _Fixed(k, args.rounds))
-                fixed[k] += [(w, t) for _, live, _, t, w in engine.stats["trace"][2:] if live == rows]
-        print(f"[calibration_bias] repeat {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
+
+    def measure(name: str, rep: int):
+        """A calibration of the kind ``name``, or (``fixed``) per k the (width, seconds) of the fixed
+        run's timed rounds."""
+        print(f"[calibration_bias] repeat {rep + 1}/{args.repeats}: {name}", file=sys.stderr, flush=True)
+        if name in KINDS:
+            return engine.calibrate(rows=[rows], prompts=prompts, **KINDS[name])
+        rounds = {}
+        for k in args.ks:
+            new = (k + 1) * args.rounds + 1  # no row finishes before the run ends
+            sp = SamplingParams(max_new_tokens=new, n=group, ignore_eos=True, seed=rep)
+            engine._generate(prompts, sp, _Fixed(k, args.rounds))
+            rounds[k] = [(w, t) for _, live, _, t, w in engine.stats["trace"][2:] if live == rows]
+        return rounds
+
+    runs = interleaved([*KINDS, "fixed"], args.repeats, measure)  # the order rotated each repeat
+    models = {kind: runs[kind] for kind in KINDS}
+    fixed = {k: [point for rounds in runs["fixed"] for point in rounds[k]] for k in args.ks}
     per_k = {}
     for k in args.ks:
         width = statistics.median(w for w, _ in fixed[k])
@@ -119,9 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
         "per_k": per_k,
         "over_fixed": {kind: [per_k[str(k)][kind]["over_fixed"] for k in args.ks] for kind in KINDS},
     }
-    json.dump(out, sys.stdout, indent=2)
-    print()
-    return out
+    return emit(out)
 
 
 if __name__ == "__main__":

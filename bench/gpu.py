@@ -40,6 +40,7 @@ import os
 import sys
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -47,7 +48,7 @@ import transformers
 from torch import nn
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from bench._common import batched_rounds, breakdown, k_summary, option_supported, per_round
+from bench._common import batched_rounds, breakdown, clock, emit, k_summary, option_supported, per_round
 from marsrl.drafter import Eagle3Config, Eagle3Drafter, default_aux_layer_ids
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, TreeConfig
 
@@ -169,10 +170,20 @@ def weight_update(target, device: torch.device) -> dict:
     def gbps(seconds):
         return round(nbytes / seconds / 1e9, 2) if seconds else None
 
-    sync(device)
-    start = time.perf_counter()
-    host = {k: v.detach().to("cpu", copy=True) for k, v in own.items()}  # pageable, as a trainer's
-    out["device_to_pageable_s"] = round(time.perf_counter() - start, 3)
+    def synced(fn):
+        """One call of ``fn`` timed from an idle device to the end of the work it queued."""
+        return clock(fn, sync=lambda: sync(device))
+
+    def copy(pairs, **kw) -> None:
+        for dest, src in pairs:
+            dest.copy_(src, **kw)
+
+    def pin(pairs) -> list:
+        return [(dest, src.pin_memory()) for dest, src in pairs]
+
+    # pageable, as a trainer's
+    seconds, host = synced(lambda: {k: v.detach().to("cpu", copy=True) for k, v in own.items()})
+    out["device_to_pageable_s"] = round(seconds, 3)
     pairs = [(own[k], host[k]) for k in own]
 
     try:
@@ -181,11 +192,7 @@ def weight_update(target, device: torch.device) -> dict:
         out["worker_path"] = {"usable": False, "why": f"{type(err).__name__}: {err}"}
     else:
         worker = RolloutWorker(WorkerConfig(device=device.type), target=target)
-        sync(device)
-        start = time.perf_counter()
-        metrics = worker.update_weights(policy=host)
-        sync(device)
-        seconds = time.perf_counter() - start
+        seconds, metrics = synced(partial(worker.update_weights, policy=host))
         out["worker_path"] = {
             "usable": True,
             "seconds": round(seconds, 3),
@@ -194,24 +201,13 @@ def weight_update(target, device: torch.device) -> dict:
         }
 
     with torch.no_grad():
-        sync(device)
-        start = time.perf_counter()
-        for dest, src in pairs:
-            dest.copy_(src)
-        sync(device)
-        seconds = time.perf_counter() - start
+        seconds, _ = synced(partial(copy, pairs))
         out["pageable_copy_s"] = round(seconds, 3)
         out["pageable_GB_per_s"] = gbps(seconds)
         if device.type == "cuda":
-            start = time.perf_counter()
-            pinned = [(dest, src.pin_memory()) for dest, src in pairs]
-            out["pin_s"] = round(time.perf_counter() - start, 3)
-            sync(device)
-            start = time.perf_counter()
-            for dest, src in pinned:
-                dest.copy_(src, non_blocking=True)
-            sync(device)
-            seconds = time.perf_counter() - start
+            seconds, pinned = clock(partial(pin, pairs))
+            out["pin_s"] = round(seconds, 3)
+            seconds, _ = synced(partial(copy, pinned, non_blocking=True))
             out["pinned_copy_s"] = round(seconds, 3)
             out["pinned_GB_per_s"] = gbps(seconds)
             del pinned
@@ -326,12 +322,13 @@ def run(args) -> dict:
             tmp.write_text(json.dumps(out, indent=2))
             os.replace(tmp, args.out)
 
+    def build():
+        target = build_target(shape, device, dtype)
+        return target, build_head(target, device, dtype, SMOKE_HEAD if smoke else None)
+
     torch.manual_seed(args.seed)
-    start = time.perf_counter()
-    target = build_target(shape, device, dtype)
-    head = build_head(target, device, dtype, SMOKE_HEAD if smoke else None)
-    sync(device)
-    out["build_s"] = round(time.perf_counter() - start, 2)
+    seconds, (target, head) = clock(build, sync=lambda: sync(device))
+    out["build_s"] = round(seconds, 2)
     out["target_params_B"] = round(sum(p.numel() for p in target.parameters()) / 1e9, 3)
     out["head_params_M"] = round(
         sum(p.numel() for n, p in head.named_parameters() if not n.startswith("embed_tokens")) / 1e6, 1
@@ -407,11 +404,9 @@ def run(args) -> dict:
                 call(name, engine, min(4, args.new_tokens))  # warm-up: kernels, allocator, cuBLAS
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
-                sync(device)
-                start = time.perf_counter()
-                tokens, stats = call(name, engine, args.new_tokens)
-                sync(device)
-                wall = time.perf_counter() - start
+                wall, (tokens, stats) = clock(
+                    lambda n=name, e=engine: call(n, e, args.new_tokens), sync=lambda: sync(device)
+                )
             except torch.cuda.OutOfMemoryError as err:
                 row["error"] = f"out of memory: {str(err).splitlines()[0]}"
                 torch.cuda.empty_cache()
@@ -502,9 +497,7 @@ def main(argv=None) -> int:
     for b in args.batches:
         if b >= 8 and b % 8:
             ap.error(f"--batches: {b} is not a multiple of the group size 8")
-    out = run(args)
-    json.dump(out, sys.stdout, indent=2)
-    print()
+    emit(run(args))
     return 0
 
 

@@ -19,16 +19,14 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
-import json
 import sys
-import time
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
 import marsrl.engine.engine as engine_module
-from bench._common import ratio_of_sums, world_and_prompts
+from bench._common import clock, emit, interleaved, ratio_of_sums, world_and_prompts
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine, adaptive
 from marsrl.tinyworld import PRESETS
 
@@ -92,51 +90,50 @@ def main(argv=None) -> dict:
 
     live = engine(num_draft_tokens="auto", max_draft_tokens=7)
     pooled = engine(num_draft_tokens="auto", max_draft_tokens=7)
-    start = time.perf_counter()
-    live.cost_model = live.calibrate(prompts=prompts[:n])
-    calibration_s = round(time.perf_counter() - start, 3)
+    wall, live.cost_model = clock(lambda: live.calibrate(prompts=prompts[:n]))
+    calibration_s = round(wall, 3)
     pooled.cost_model, pooled.row_prior = copy.deepcopy(live.cost_model), None
     systems = {"live": live, "pooled": pooled}
     for k in args.ks:
         plain = SpeculativeEngine(target, None, EngineConfig(max_batch_size=args.batch))
         systems[f"k{k}"] = plain if k == 0 else engine(num_draft_tokens=k)
     engine_planner, engine_module.KPlanner = engine_module.KPlanner, Recorded  # the engine builds it there
-    rec = collections.defaultdict(list)
     buckets = collections.defaultdict(lambda: [0, 0.0, 0])
     plans = collections.defaultdict(lambda: [0, 0.0, 0.0])  # (system, bucket, k) -> rounds, expected, kept
     ks = {name: collections.Counter() for name in ("live", "pooled")}
-    try:
-        for c in range(args.warmup + args.calls):
-            names = list(systems)
-            names = names[c % len(names) :] + names[: c % len(names)]
-            for name in names:
-                eng = systems[name]
-                sp = SamplingParams(
-                    temperature=1.0, max_new_tokens=n_new, eos_token_id=tok.eos_token_id, n=group, seed=c
-                )
-                Recorded.log = []
-                t0 = time.perf_counter()
-                trajs = eng.generate(prompts[(c + 1) * n : (c + 2) * n], sp)
-                seconds = time.perf_counter() - t0
-                if c < args.warmup:
-                    continue
-                rec[name].append((sum(len(t.completion_ids) for t in trajs), seconds))
-                trace, kept = eng.stats["trace"], eng.stats["tokens_per_round"]
-                for (_, rows, _, sec, _), tokens in zip(trace, kept, strict=True):
-                    b = buckets[(name, bucket(rows, args.batch))]
-                    b[0], b[1], b[2] = b[0] + 1, b[1] + sec, b[2] + tokens
-                if name in ks:
-                    ks[name].update(eng.stats["k_per_round"])
-                    choice = None
-                    for event in Recorded.log:  # each choice, then its round's outcome when it drafted
-                        if event[0] == "choose":
-                            choice = event[1:]
-                        elif choice is not None and choice[1] > 0:
-                            p = plans[(name, bucket(choice[0], args.batch), choice[1])]
-                            p[0], p[1], p[2] = p[0] + 1, p[1] + choice[2], p[2] + event[1]
-            print(f"[live_rows] call {c + 1}/{args.warmup + args.calls}", file=sys.stderr, flush=True)
+
+    def measure(name: str, c: int) -> tuple[int, float] | None:
+        """Call ``c`` of one system: (tokens, seconds), its rounds and choices tallied; None for a
+        warm-up call (untimed, nothing tallied)."""
+        eng = systems[name]
+        sp = SamplingParams(
+            temperature=1.0, max_new_tokens=n_new, eos_token_id=tok.eos_token_id, n=group, seed=c
+        )
+        Recorded.log = []
+        seconds, trajs = clock(lambda: eng.generate(prompts[(c + 1) * n : (c + 2) * n], sp))
+        print(f"[live_rows] call {c + 1}/{args.warmup + args.calls}: {name}", file=sys.stderr, flush=True)
+        if c < args.warmup:
+            return None
+        trace, kept = eng.stats["trace"], eng.stats["tokens_per_round"]
+        for (_, rows, _, sec, _), tokens in zip(trace, kept, strict=True):
+            b = buckets[(name, bucket(rows, args.batch))]
+            b[0], b[1], b[2] = b[0] + 1, b[1] + sec, b[2] + tokens
+        if name in ks:
+            ks[name].update(eng.stats["k_per_round"])
+            choice = None
+            for event in Recorded.log:  # each choice, then its round's outcome when it drafted
+                if event[0] == "choose":
+                    choice = event[1:]
+                elif choice is not None and choice[1] > 0:
+                    p = plans[(name, bucket(choice[0], args.batch), choice[1])]
+                    p[0], p[1], p[2] = p[0] + 1, p[1] + choice[2], p[2] + event[1]
+        return sum(len(t.completion_ids) for t in trajs), seconds
+
+    try:  # the order rotated each call; the warm-up calls rotate with the rest and are dropped
+        runs = interleaved(list(systems), args.warmup + args.calls, measure)
     finally:
         engine_module.KPlanner = engine_planner
+    rec = {name: r[args.warmup :] for name, r in runs.items()}
     out = {
         "bench": "live_rows",
         "preset": args.preset,
@@ -166,8 +163,7 @@ def main(argv=None) -> dict:
             for (name, b, k), (r, e, kp) in sorted(plans.items())
         },
     }
-    print(json.dumps(out, indent=1))
-    return out
+    return emit(out, indent=1)
 
 
 if __name__ == "__main__":

@@ -29,15 +29,13 @@ Prints one JSON object on stdout; progress goes to stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from bench._common import ratio_of_sums, world_and_prompts
+from bench._common import clock, emit, interleaved, ratio_of_sums, world_and_prompts
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
 from marsrl.engine.adaptive import FixedK
 from marsrl.tinyworld import PRESETS
@@ -141,9 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
         out["calibration_s"], out["mix"] = mix(args, target, head, prompts, n, sampling, auto_cfg, log)
     if args.part == "fixed":
         out["calibration_s"], out["fixed"] = fixed(args, target, head, prompts, n, sampling, auto_cfg, log)
-    json.dump(out, sys.stdout, indent=2)
-    print()
-    return out
+    return emit(out)
 
 
 def all_plain(args, target, head, prompts, n, sampling, auto_cfg, log) -> dict:
@@ -153,26 +149,27 @@ def all_plain(args, target, head, prompts, n, sampling, auto_cfg, log) -> dict:
         "plain": SpeculativeEngine(target, None, EngineConfig(max_batch_size=args.batch, profile=True)),
         "auto_k0": SpeculativeEngine(target, head, EngineConfig(rule=args.rule, profile=True, **auto_cfg)),
     }
+
+    def measure(name: str, c: int) -> tuple[float, dict]:
+        """Call ``c`` of one engine: (seconds, its stats)."""
+        eng, batch = engines[name], prompts[c * n : (c + 1) * n]
+        if name == "plain":
+            seconds, _ = clock(lambda: eng.generate(batch, sampling(c, True)))
+        else:  # the planner the calibration uses, held at 0
+            seconds, _ = clock(lambda: eng._generate(eng._check_prompts(batch), sampling(c, True), FixedK(0)))
+        log(f"all plain: call {c + 1}/{calls} {name}" + (" (warm-up)" if c < args.warmup else ""))
+        return seconds, eng.stats
+
+    runs = interleaved(list(engines), calls, measure)  # the order alternating call by call
     steps: dict[str, list[float]] = {name: [] for name in engines}
     call_s: dict[str, list[float]] = {name: [] for name in engines}
     phases: dict[str, dict[str, float]] = {name: {} for name in engines}
-    for c in range(calls):
-        for name in list(engines) if c % 2 == 0 else list(engines)[::-1]:
-            eng, batch = engines[name], prompts[c * n : (c + 1) * n]
-            t0 = time.perf_counter()
-            if name == "plain":
-                eng.generate(batch, sampling(c, True))
-            else:  # the planner the calibration uses, held at 0
-                eng._generate(eng._check_prompts(batch), sampling(c, True), FixedK(0))
-            seconds = time.perf_counter() - t0
-            if c < args.warmup:
-                continue
-            totals = eng.stats
+    for name, timed_calls in runs.items():
+        for seconds, totals in timed_calls[args.warmup :]:
             call_s[name].append(seconds)
             steps[name] += [t for _, live, k, t, _ in totals["trace"] if live == args.batch and k == 0]
             for phase, s in totals["time"].items():
                 phases[name][phase] = phases[name].get(phase, 0.0) + float(s)
-        log(f"all plain: call {c + 1}/{calls}" + (" (warm-up)" if c < args.warmup else ""))
     med = {name: statistics.median(v) if v else None for name, v in steps.items()}
     out = {
         name: {
@@ -193,26 +190,28 @@ def mix(args, target, head, prompts, n, sampling, auto_cfg, log) -> tuple[float,
     calls = args.warmup + args.calls
     plain = SpeculativeEngine(target, None, EngineConfig(max_batch_size=args.batch))
     auto = SpeculativeEngine(target, head, EngineConfig(rule=args.rule, **auto_cfg))
-    start = time.perf_counter()
-    auto.cost_model = auto.calibrate(prompts=prompts[:n])
-    calibration_s = round(time.perf_counter() - start, 3)
+    wall, auto.cost_model = clock(lambda: auto.calibrate(prompts=prompts[:n]))
+    calibration_s = round(wall, 3)
     log(f"cost model measured in {calibration_s} s")
     mix_engines = {"plain": plain, f"{args.rule}_auto": auto}
-    rec: dict[str, list[tuple[float, float]]] = {name: [] for name in mix_engines}
-    traces: dict[str, list] = {name: [] for name in mix_engines}
-    outside: dict[str, list[float]] = {name: [] for name in mix_engines}
-    for c in range(calls):
-        for name in list(mix_engines) if c % 2 == 0 else list(mix_engines)[::-1]:
-            eng = mix_engines[name]
-            t0 = time.perf_counter()
-            trajs = eng.generate(prompts[c * n : (c + 1) * n], sampling(c, False))
-            seconds = time.perf_counter() - t0
-            if c < args.warmup:
-                continue
-            rec[name].append((sum(len(t.completion_ids) for t in trajs), seconds))
-            traces[name].append((eng.stats["trace"], eng.stats["tokens_per_round"]))
-            outside[name].append(seconds - sum(r[3] for r in eng.stats["trace"]))
-        log(f"mix: call {c + 1}/{calls}" + (" (warm-up)" if c < args.warmup else ""))
+
+    def measure(name: str, c: int) -> tuple[tuple[int, float], tuple[list, list], float]:
+        """Call ``c`` of one engine: (tokens, seconds), (trace, tokens a round), seconds outside rounds."""
+        eng = mix_engines[name]
+        seconds, trajs = clock(lambda: eng.generate(prompts[c * n : (c + 1) * n], sampling(c, False)))
+        log(f"mix: call {c + 1}/{calls} {name}" + (" (warm-up)" if c < args.warmup else ""))
+        trace = eng.stats["trace"]
+        return (
+            (sum(len(t.completion_ids) for t in trajs), seconds),
+            (trace, eng.stats["tokens_per_round"]),
+            seconds - sum(r[3] for r in trace),
+        )
+
+    runs = interleaved(list(mix_engines), calls, measure)  # the order alternating call by call
+    timed_calls = {name: r[args.warmup :] for name, r in runs.items()}
+    rec = {name: [x[0] for x in r] for name, r in timed_calls.items()}
+    traces = {name: [x[1] for x in r] for name, r in timed_calls.items()}
+    outside = {name: [x[2] for x in r] for name, r in timed_calls.items()}
     out = {
         name: {
             "tokens_per_s": round(sum(t for t, _ in rec[name]) / sum(s for _, s in rec[name]), 1),
@@ -245,29 +244,29 @@ def fixed(args, target, head, prompts, n, sampling, auto_cfg, log) -> tuple[floa
         )
         for k in args.ks
     }
-    start = time.perf_counter()
-    model = SpeculativeEngine(target, head, EngineConfig(rule=args.rule, **auto_cfg)).calibrate(
-        prompts=prompts[:n]
-    )
-    calibration_s = round(time.perf_counter() - start, 3)
+    auto = SpeculativeEngine(target, head, EngineConfig(rule=args.rule, **auto_cfg))
+    wall, model = clock(lambda: auto.calibrate(prompts=prompts[:n]))
+    calibration_s = round(wall, 3)
     log(f"cost model measured in {calibration_s} s")
+
+    def measure(k: int, c: int) -> list:
+        """Call ``c`` of the engine drafting ``k``: its rounds, each (trace entry, tokens kept)."""
+        engines[k].generate(prompts[c * n : (c + 1) * n], sampling(c, False))
+        log(f"fixed: call {c + 1}/{calls} k={k}" + (" (warm-up)" if c < args.warmup else ""))
+        st = engines[k].stats
+        return list(zip(st["trace"], st["tokens_per_round"], strict=True))
+
+    runs = interleaved(list(engines), calls, measure)  # the order rotated call by call
     rec: dict[str, dict[int, list[float]]] = {}  # bucket -> k -> [rounds, seconds, predicted, tokens, rows]
-    order = list(engines)
-    for c in range(calls):
-        for k in order[c % len(order) :] + order[: c % len(order)]:
-            engines[k].generate(prompts[c * n : (c + 1) * n], sampling(c, False))
-            if c < args.warmup:
-                continue
-            st = engines[k].stats
-            rounds = list(zip(st["trace"], st["tokens_per_round"], strict=True))
-            for (_, live, kk, seconds, width), tokens in rounds[1:]:
+    for c in range(args.warmup, calls):  # in call order, as the rounds ran
+        for k in engines:
+            for (_, live, kk, seconds, width), tokens in runs[k][c][1:]:
                 x = rec.setdefault(bucket(live, args.batch), {}).setdefault(kk, [0, 0.0, 0.0, 0, 0])
                 x[0] += 1
                 x[1] += seconds
                 x[2] += model.round_seconds(live, kk, width)
                 x[3] += tokens
                 x[4] += live
-        log(f"fixed: call {c + 1}/{calls}" + (" (warm-up)" if c < args.warmup else ""))
     out = {}
     for b, by_k in sorted(rec.items()):
         rows = {

@@ -30,14 +30,12 @@ ratio, the factor).  Prints one JSON object on stdout; progress goes to stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from bench._common import k_summary, ratio_of_sums, world_and_prompts
+from bench._common import clock, emit, interleaved, k_summary, ratio_of_sums, world_and_prompts
 from marsrl.engine import EngineConfig, SamplingParams, SpeculativeEngine
 from marsrl.engine.adaptive import CostModel
 from marsrl.tinyworld import PRESETS
@@ -113,9 +111,8 @@ def main(argv: list[str] | None = None) -> dict:
         name: SpeculativeEngine(target, None if name == "plain" else head, c) for name, c in cfgs.items()
     }
     autos = [name for name in engines if "_auto" in name]
-    start = time.perf_counter()
-    model = engines[autos[0]].calibrate(prompts=prompts[:n])
-    calibration_s = round(time.perf_counter() - start, 3)
+    wall, model = clock(lambda: engines[autos[0]].calibrate(prompts=prompts[:n]))
+    calibration_s = round(wall, 3)
     if args.skew != 1.0:
         for table in (model.rounds, model.per_slot):
             for figures in table.values():
@@ -126,22 +123,24 @@ def main(argv: list[str] | None = None) -> dict:
     log(f"cost model measured in {calibration_s} s")
 
     names = list(engines)
-    rec: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
-    drafted: dict[str, list[int]] = {name: [] for name in autos}
-    skipped: dict[str, int] = {name: 0 for name in autos}
-    for c in range(calls):
-        shift = c % len(names)
-        for name in names[shift:] + names[:shift]:
-            sp = SamplingParams(temperature=1.0, max_new_tokens=n_new, eos_token_id=eos, n=args.group, seed=c)
-            t0 = time.perf_counter()
-            trajs = engines[name].generate(prompts[c * n : (c + 1) * n], sp)
-            seconds = time.perf_counter() - t0
-            if c >= args.warmup:
-                rec[name].append((sum(len(t.completion_ids) for t in trajs), seconds))
-                if name in drafted:
-                    drafted[name] += engines[name].stats.get("k_per_round") or []
-                    skipped[name] += engines[name].stats.get("drafter_pairs_skipped") or 0
-        log(f"call {c + 1}/{calls}" + (" (warm-up)" if c < args.warmup else ""))
+
+    def measure(name: str, c: int) -> tuple[tuple[int, float], list[int], int]:
+        """Call ``c`` of one system: (tokens, seconds), the k's it drafted, the drafter pairs it skipped."""
+        sp = SamplingParams(temperature=1.0, max_new_tokens=n_new, eos_token_id=eos, n=args.group, seed=c)
+        seconds, trajs = clock(lambda: engines[name].generate(prompts[c * n : (c + 1) * n], sp))
+        log(f"call {c + 1}/{calls} {name}" + (" (warm-up)" if c < args.warmup else ""))
+        stats = engines[name].stats
+        return (
+            (sum(len(t.completion_ids) for t in trajs), seconds),
+            stats.get("k_per_round") or [],
+            stats.get("drafter_pairs_skipped") or 0,
+        )
+
+    # the order rotated each call; the warm-up calls rotate with the rest and are dropped
+    runs = {name: r[args.warmup :] for name, r in interleaved(names, calls, measure).items()}
+    rec = {name: [x[0] for x in runs[name]] for name in names}
+    drafted = {name: [k for x in runs[name] for k in x[1]] for name in autos}
+    skipped = {name: sum(x[2] for x in runs[name]) for name in autos}
 
     def rate(name: str) -> float:
         return round(sum(t for t, _ in rec[name]) / sum(s for _, s in rec[name]), 1)
@@ -181,9 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
         "speed_check": {name: engines[name].stats.get("speed_check") for name in autos},
         "drafter_pairs_skipped": skipped,
     }
-    json.dump(out, sys.stdout, indent=2)
-    print()
-    return out
+    return emit(out)
 
 
 if __name__ == "__main__":

@@ -29,13 +29,16 @@ per problem (more problems cost the same and keep the pairing simple).
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from transformers import TrainerCallback
+
+from ..algo.intervals import wilson_interval
+from ..report.stats import binomial_tail
+from ..report.stats import mcnemar_exact as _mcnemar_exact
 
 LEVEL = 0.95
 N_BOOT = 10_000
@@ -63,15 +66,9 @@ def default_temperatures(temperatures: Sequence[float]) -> dict[str, float]:
 
 
 def wilson(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
-    """Wilson score interval of the proportion k / n; (nan, nan) when n == 0."""
-    if n == 0:
-        return float("nan"), float("nan")
-    z = _z(level)
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return max(0.0, centre - half), min(1.0, centre + half)
+    """Wilson score interval of the proportion k / n at ``level`` (``algo.intervals.wilson_interval``, the
+    one implementation); (nan, nan) when n == 0."""
+    return wilson_interval(k, n, z=_z(level))
 
 
 def _z(level: float) -> float:
@@ -88,17 +85,9 @@ def accuracy_summary(correct: Sequence[int], level: float = LEVEL) -> dict:
     return {"accuracy": k / n if n else float("nan"), "ci_low": lo, "ci_high": hi, "n": n, "k": k}
 
 
-def binomial_tail(k: int, n: int) -> float:
-    """P(X >= k) for X ~ Bin(n, 1/2), exact (integer arithmetic, then one division)."""
-    if k <= 0:
-        return 1.0
-    if k > n:
-        return 0.0
-    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n
-
-
 def mcnemar_exact(before: Sequence[int], after: Sequence[int]) -> dict:
-    """Exact McNemar test of paired 0/1 outcomes (the same problems before and after).
+    """Exact McNemar test of paired 0/1 outcomes (the same problems before and after): the report's
+    test (``marsrl.report.stats.mcnemar_exact``, the one implementation) in this module's terms.
 
     ``gains``: problems wrong before and right after; ``losses``: the reverse. Under H0 (no change)
     gains ~ Bin(gains + losses, 1/2). ``p_two_sided`` = min(1, 2 P(X <= min(gains, losses)));
@@ -106,11 +95,14 @@ def mcnemar_exact(before: Sequence[int], after: Sequence[int]) -> dict:
     b, a = _binary(before, "before"), _binary(after, "after")
     if len(b) != len(a):
         raise ValueError(f"before and after must be paired (same length), got {len(b)} and {len(a)}")
-    gains = sum(1 for x, y in zip(b, a, strict=True) if x == 0 and y == 1)
-    losses = sum(1 for x, y in zip(b, a, strict=True) if x == 1 and y == 0)
-    m = gains + losses
-    p_two = min(1.0, 2 * binomial_tail(max(gains, losses), m)) if m else 1.0
-    return {"gains": gains, "losses": losses, "p_two_sided": p_two, "p_greater": binomial_tail(gains, m)}
+    p_two, counts = _mcnemar_exact(a, b)  # a right and b wrong: a gain
+    gains, losses = counts["a_only"], counts["b_only"]
+    return {
+        "gains": gains,
+        "losses": losses,
+        "p_two_sided": p_two,
+        "p_greater": binomial_tail(gains, gains + losses),
+    }
 
 
 def paired_bootstrap_interval(

@@ -154,9 +154,20 @@ def resolved(low: float, high: float, null: float) -> bool:
 # ---- held-out accuracy ---------------------------------------------------------------------------------
 
 
+def binomial_tail(k: int, n: int) -> float:
+    """P(X >= k) for X ~ Binomial(n, 1/2), exact (integer arithmetic, then one division)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n
+
+
 def mcnemar_exact(a: Sequence[int], b: Sequence[int]) -> tuple[float, dict]:
     """Two-sided exact McNemar test of paired 0/1 outcomes: a sign test on the discordant pairs,
     p = min(1, 2 P(X <= min(n10, n01))), X ~ Binomial(n10 + n01, 1/2); p = 1 without discordant pairs.
+    (By symmetry P(X <= min) = P(X >= max), the form computed.)  marsrl's one implementation:
+    ``marsrl.experiment.evaluate.mcnemar_exact`` (before / after, with the one-sided p) calls it.
 
     Metrics: ``a_only`` (n10: a right, b wrong), ``b_only`` (n01), ``n``.
     """
@@ -165,8 +176,8 @@ def mcnemar_exact(a: Sequence[int], b: Sequence[int]) -> tuple[float, dict]:
     a_only = sum(1 for x, y in zip(a, b, strict=True) if x and not y)
     b_only = sum(1 for x, y in zip(a, b, strict=True) if y and not x)
     m = a_only + b_only
-    tail = sum(math.comb(m, k) for k in range(min(a_only, b_only) + 1)) / 2**m if m else 1.0
-    return min(1.0, 2 * tail), {"a_only": a_only, "b_only": b_only, "n": len(a)}
+    p = min(1.0, 2 * binomial_tail(max(a_only, b_only), m)) if m else 1.0
+    return p, {"a_only": a_only, "b_only": b_only, "n": len(a)}
 
 
 def paired_accuracy_difference(

@@ -579,7 +579,8 @@ class MarsGRPOTrainer(GRPOTrainer):
         with ctx, torch.autocast(head.weight.device.type, enabled=False):
             metrics = self._draft_refresher().refresh(head)
         self.draft_refreshes = self._refresher.refreshes
-        self._draft_dirty = self._draft_dirty or metrics["draft/published"] > 0  # the pool gets what is served
+        # the pool gets the head it drafts with: a refresh the gate did not serve sends nothing
+        self._draft_dirty = self._draft_dirty or metrics["draft/published"] > 0
         self._draft_seconds = (self._draft_seconds or 0.0) + metrics["draft/seconds"]
         metrics["timing/draft_refresh_seconds"] = metrics["draft/seconds"]
         return metrics

@@ -68,6 +68,18 @@ def test_mcnemar_matches_scipy_binomtest():
         assert got["p_greater"] == pytest.approx(greater, rel=1e-9)
 
 
+def test_mcnemar_is_the_reports_one_implementation():
+    # one exact McNemar in marsrl: this module's reads the report's (after as a, before as b)
+    from marsrl.report import stats
+
+    assert ev.binomial_tail is stats.binomial_tail
+    for seed in range(3):
+        before, after = _paired(80, 0.4, 0.5, seed)
+        got = ev.mcnemar_exact(before, after)
+        p, counts = stats.mcnemar_exact(after, before)
+        assert (got["p_two_sided"], got["gains"], got["losses"]) == (p, counts["a_only"], counts["b_only"])
+
+
 def test_mcnemar_rejects_unpaired_and_non_binary():
     with pytest.raises(ValueError, match="paired"):
         ev.mcnemar_exact([0, 1], [0])
