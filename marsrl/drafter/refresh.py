@@ -34,11 +34,11 @@ def _train_step(
     steps: int,
     decay: float,
     grad_clip: float | None,
-    before_update: Callable[[torch.Tensor], None] | None = None,
+    before_update: Callable[[dict[str, torch.Tensor]], None] | None = None,
 ) -> dict[str, float]:
     """One optimizer step on the TTT loss; metrics as floats (one host sync) plus the pre-clip grad norm.
-    ``before_update(loss)`` runs after the backward, before the parameters move (the head is still the
-    one the loss was measured on)."""
+    ``before_update(metrics)`` (``ttt_loss``'s, detached tensors) runs after the backward, before the
+    parameters move (the head is still the one the metrics were measured on)."""
     was_training = drafter.training
     drafter.train()
     optimizer.zero_grad(set_to_none=True)
@@ -47,7 +47,7 @@ def _train_step(
     max_norm = float("inf") if grad_clip is None else grad_clip
     metrics["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, max_norm)
     if before_update is not None:
-        before_update(loss.detach())
+        before_update(metrics)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     drafter.train(was_training)
@@ -93,11 +93,11 @@ class DraftTrainer:
         self.step_count = 0
 
     def step(
-        self, batch: DraftBatch, before_update: Callable[[torch.Tensor], None] | None = None
+        self, batch: DraftBatch, before_update: Callable[[dict[str, torch.Tensor]], None] | None = None
     ) -> dict[str, float]:
         """One optimizer step on ``batch``; returns its metrics (``ttt_loss``'s plus grad_norm, as floats).
-        ``before_update(loss)``, if given, sees the loss before the parameters move (they are unchanged
-        when it runs)."""
+        ``before_update(metrics)``, if given, sees ``ttt_loss``'s metrics before the parameters move (they
+        are unchanged when it runs)."""
         metrics = _train_step(
             self.drafter,
             self.optimizer,

@@ -239,7 +239,11 @@ def ttt_loss(
 
     Metrics: ``loss`` (the total), ``loss_j`` (per step, mean over counted positions), ``acc_j``
     (fraction of counted positions where the draft's argmax is the target's argmax), ``positions``
-    (counted positions of step 0).  An empty step contributes 0.
+    (counted positions of step 0), ``accepted``: the expected drafts accepted of a greedy chain of
+    ``steps`` from each counted row of step 0, sum_k prod_{j<=k} p_j, where p_j is the target's
+    probability (draft vocabulary, renormalised) of the head's argmax at step j, 0 where step j does not
+    count (the chain stops there); what strict verification of greedy drafts accepts on average, with the
+    sequence's own tokens fed back as the unroll feeds them.  An empty step contributes 0.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -254,6 +258,8 @@ def ttt_loss(
 
     total = probs.new_zeros(())
     metrics: dict[str, torch.Tensor] = {}
+    chain = probs.new_ones(learn.shape)  # [B, T - s]: row t's chain still running after step j
+    accepted = probs.new_zeros(learn.shape)  # [B, T]: expected drafts accepted from row t
     unrolled = ttt_unroll(drafter, batch.features, batch.input_ids, steps, batch.attention_mask)
     for j, (logits, _) in enumerate(unrolled):
         s = j + 1  # row t learns the target at t + s
@@ -265,14 +271,20 @@ def ttt_loss(
         denom = count.clamp(min=1)
         cross = (probs[:, s:] * logp).sum(-1)  # [B, T-s]; 0 where the target is not learned
         loss_j = -torch.where(row_ok, cross, 0.0).sum() / denom
-        agree = (logits[:, :n_rows].argmax(-1) == top[:, s:]) & mask
+        draft = logits[:, :n_rows].detach().argmax(-1)  # [B, T-s] the head's greedy draft
+        agree = (draft == top[:, s:]) & mask
+        p_draft = probs[:, s:].gather(-1, draft.unsqueeze(-1)).squeeze(-1)  # the target's p of the draft
+        chain = chain[:, :n_rows] * torch.where(mask, p_draft, 0.0)
+        accepted[:, :n_rows] += chain
         total = total + decay**j * loss_j
         metrics[f"loss_{j}"] = loss_j.detach()
         metrics[f"acc_{j}"] = agree.sum() / denom
         if j == 0:
             metrics["positions"] = count
+            starts = mask
         del logits, logp
     metrics["loss"] = total.detach()
+    metrics["accepted"] = accepted[:, : starts.shape[1]][starts].sum() / starts.sum().clamp(min=1)
     return total, metrics
 
 

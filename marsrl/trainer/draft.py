@@ -16,15 +16,16 @@ predict a completion token (where the engine drafts); the prompt stays as keys.
 
 The gate (``draft_refresh_gate``, on by default): the head the pool drafts with (the *served* head,
 ``drafter``) and the head that learns (the *live* head, a copy sharing the frozen embedding) are kept
-apart. At each refresh the kept rows are fresh to both: neither has learned from them. The served head's
-TTT loss on them is measured (one no-grad unroll), and the live head's comes with its training step,
-before its update. When the live head's loss is lower, its weights as measured (before this refresh's
-update) become the served head and go to the pool; otherwise the pool keeps drafting with the served one.
-So a refresh that makes the head worse for the current policy (the first steps of a fresh AdamW on a
-converged head, or a policy that moves faster than the head follows) is never served, and the served
-head changes only to one that beat it, paired on the same rows. The cost: a second copy of the head
-(without the embedding) and one no-grad unroll a refresh. Without the gate the served head is the one
-trained, in place, and every refresh reaches the pool.
+apart. At each refresh the kept rows are fresh to both: neither has learned from them. On them each head
+is measured by what drafting cares about, the expected drafts a greedy chain accepts under strict
+verification (``ttt_loss``'s ``accepted``): the served head in one no-grad unroll, the live head in its
+own training step, before its update. When the live head's chains accept more, its weights as measured
+(before this refresh's update) become the served head and go to the pool; otherwise the pool keeps
+drafting with the served one. So a refresh that makes the head worse for the current policy (the first
+steps of a fresh AdamW on a converged head, or a policy that moves faster than the head follows) is not
+served, and the served head changes only to one that beat it, paired on the same rows. The cost: a
+second copy of the head (without the embedding) and one no-grad unroll a refresh. Without the gate the
+served head is the one trained, in place, and every refresh reaches the pool.
 
 Departures: the rows are rank 0's (its features are local); the policy's logits are taken at T = 1 (the
 distribution the head approximates), whatever the rollout temperature.
@@ -132,18 +133,18 @@ class DraftRefresher:
             loss_mask=learn.to(dev),
             attention_mask=part["attention_mask"].to(dev),
         )
-        served_loss = None
+        served = None
         if self.gate and self.refreshes > 0:  # before the first refresh the live head is the served one
-            served_loss = self._loss(self.drafter, batch)
+            served = self._measure(self.drafter, batch)
         first: dict[str, float] = {}
 
-        def before_update(live_loss: torch.Tensor) -> None:
-            """The first step's loss (the live head on rows it has not learned from) and, gated, the live
-            head as measured served when it beat the served head on these rows."""
+        def before_update(measured: dict[str, torch.Tensor]) -> None:
+            """The first step's measures (the live head on rows it has not learned from) and, gated, the
+            live head as measured served when its chains accept more drafts than the served head's."""
             if first:
                 return
-            first["loss"] = float(live_loss)
-            if served_loss is not None and first["loss"] < served_loss:
+            first.update(loss=float(measured["loss"]), accepted=float(measured["accepted"]))
+            if served is not None and first["accepted"] > served["accepted"]:
                 _copy_weights(self.live, self.drafter)
                 first["published"] = 1.0
 
@@ -153,10 +154,12 @@ class DraftRefresher:
                 metrics = self.trainer.step(batch, before_update)
                 self.scheduler.step()
         self.refreshes += 1
+        served = served or first  # the served head is the live one before the first refresh, or ungated
         return {
             "draft/loss": first["loss"],  # the live head on the current policy's states, before its update
-            # the served head's on the same rows (the live one before its first refresh, or ungated)
-            "draft/served_loss": first["loss"] if served_loss is None else served_loss,
+            "draft/accepted": first["accepted"],
+            "draft/served_loss": served["loss"],
+            "draft/served_accepted": served["accepted"],
             "draft/published": first.get("published", 0.0) if self.gate else 1.0,
             "draft/acc_0": metrics["acc_0"] if self.args.draft_refresh_steps == 1 else float("nan"),
             "draft/grad_norm": metrics["grad_norm"],
@@ -166,15 +169,15 @@ class DraftRefresher:
             "draft/seconds": time.perf_counter() - start,
         }
 
-    def _loss(self, head, batch: DraftBatch) -> float:
-        """``head``'s TTT loss on ``batch`` (no gradient), at the live head's depth and decay, in the mode
-        the training step measures the live head in."""
+    def _measure(self, head, batch: DraftBatch) -> dict[str, float]:
+        """``head``'s TTT loss and expected accepted drafts on ``batch`` (no gradient), at the live head's
+        depth and decay, in the mode the training step measures the live head in."""
         was_training = head.training
         head.train()
         with torch.no_grad():
-            loss, _ = ttt_loss(head, batch, self.trainer.steps, self.trainer.decay)
+            _, measured = ttt_loss(head, batch, self.trainer.steps, self.trainer.decay)
         head.train(was_training)
-        return float(loss)
+        return {"loss": float(measured["loss"]), "accepted": float(measured["accepted"])}
 
     @torch.no_grad()
     def _targets(self, lm_head, hidden: torch.Tensor, learn: torch.Tensor, chunk: int = 4096):

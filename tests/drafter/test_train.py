@@ -201,6 +201,31 @@ def slow_loss(head, batch, ref, steps, decay):
     return total, per_step, acc
 
 
+def slow_accepted(head, batch, ref, steps):
+    """Expected accepted drafts of a greedy chain from each counted row of step 0, row by row: the product
+    of the target's (draft-vocabulary, renormalised) probabilities of the head's argmax drafts, summed
+    over the chain, which stops at the first step that does not count."""
+    ids_d = head.target_token_ids
+    per_start = []
+    for b in range(batch.input_ids.shape[0]):
+        for t in ref[0][b]:
+            chain, expected = 1.0, 0.0
+            for j in range(steps):
+                s = t + j + 1
+                if t not in ref[j][b] or s >= batch.input_ids.shape[1]:
+                    break
+                z = batch.target_logits[b, s]
+                if not batch.loss_mask[b, s] or not head.t2d[z.argmax()]:
+                    break
+                if j == 0:
+                    per_start.append(None)  # a counted start
+                chain *= float(torch.softmax(z[ids_d], -1)[ref[j][b][t].argmax()])
+                expected += chain
+            if per_start and per_start[-1] is None:
+                per_start[-1] = expected
+    return sum(per_start) / len(per_start)
+
+
 def test_ttt_loss_matches_position_by_position(target):
     head = random_head(target, seed=2)
     g = torch.Generator().manual_seed(4)
@@ -224,6 +249,9 @@ def test_ttt_loss_matches_position_by_position(target):
     for j in range(steps):
         torch.testing.assert_close(metrics[f"loss_{j}"], want_steps[j], rtol=1e-5, atol=1e-5)
         assert metrics[f"acc_{j}"].item() == pytest.approx(want_acc[j])
+    want_accepted = slow_accepted(head, batch, ref, steps)
+    assert 0 < want_accepted < steps
+    assert metrics["accepted"].item() == pytest.approx(want_accepted, rel=1e-5)
 
 
 def test_ttt_loss_ignores_minus_inf_targets_outside_the_counted_positions(target):
@@ -262,7 +290,7 @@ def test_ttt_loss_and_gradients_equal_the_former_full_vocabulary_path(target):
         grads = {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}
         results.append((metrics, grads))
     (new_m, new_g), (old_m, old_g) = results
-    assert set(new_m) == set(old_m) and new_m["positions"] > 0
+    assert set(new_m) - {"accepted"} == set(old_m) and new_m["positions"] > 0  # accepted: new
     for key in old_m:
         torch.testing.assert_close(new_m[key].float(), old_m[key].float(), rtol=1e-5, atol=1e-6, msg=key)
     assert set(new_g) == set(old_g) and "midlayer.self_attn.k_proj.weight" in new_g

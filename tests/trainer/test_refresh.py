@@ -7,9 +7,9 @@
   the step, on the completions it just trained on) falls after a refresh; the policy is untouched by it.
 - Its cost is logged in the step: ``draft/seconds`` > 0 and 0 < ``draft/share_of_step`` <= 1.
 - Padding the kept rows (left and right, as TRL pads prompts and completions) changes nothing.
-- The gate: the served head changes only to the live head as it was measured, when its loss on the
-  refresh's rows (fresh to both) is below the served head's; a live head made worse (a learning rate that
-  wrecks it) is never served; the live head survives a checkpoint round trip.
+- The gate: the served head changes only to the live head as it was measured, when its expected accepted
+  drafts on the refresh's rows (fresh to both) are above the served head's; a live head made worse (a
+  learning rate that wrecks it) is never served; the live head survives a checkpoint round trip.
 
 Rollouts: mars at theta = 0 with sampled drafts from a random head, 8 completions of up to 8 tokens a step,
 tiny world (V = 23), seeded."""
@@ -213,10 +213,11 @@ def test_refresher_state_round_trip_continues_the_same_run(folder):
 
 
 def _gate_setup(folder, seed: int, **extra):
-    """A policy, a head, a refresher (gated) and a function that adds 4 fresh random rows to it."""
+    """A policy, a head, a refresher (gated unless ``extra`` says) and a function that adds 4 fresh random
+    rows to it."""
     policy = AutoModelForCausalLM.from_pretrained(folder).eval()
     head = tiny_head(policy, seed=seed)
-    args = _args("/tmp/unused", fuse=True, draft_refresh_gate=True, **extra)
+    args = _args("/tmp/unused", fuse=True, **{"draft_refresh_gate": True, **extra})
     refresher = DraftRefresher(head, args, total_refreshes=8)
     gen = torch.Generator().manual_seed(seed)
 
@@ -229,14 +230,25 @@ def _gate_setup(folder, seed: int, **extra):
     return policy, head, refresher, add_rows
 
 
+def _batch_of(refresher, lm_head):
+    """The DraftBatch the refresher's next refresh trains on (its kept rows, not consumed)."""
+    from marsrl.drafter.train import DraftBatch
+    from marsrl.trainer.draft import _cut, _join
+
+    part = _join([_cut(p) for p in refresher._pending])
+    logits, learn = refresher._targets(lm_head, part["hidden"], part["learn"])
+    return DraftBatch(part["features"], part["input_ids"], logits, learn, part["attention_mask"])
+
+
 def _weights(head) -> dict:
     return {k: v.clone() for k, v in head.state_dict().items()}
 
 
 def test_gate_serves_the_live_head_only_when_it_beat_the_served_one(folder):
     """Seed 11, 6 refreshes of 4 fresh random rows each at lr 1e-2: after the first (which serves
-    nothing), the served head after each refresh is the live head as it was before it when its loss on
-    the refresh's rows is below the served head's, else the served head unchanged."""
+    nothing), the served head after each refresh is the live head as it was before it when its expected
+    accepted drafts on the refresh's rows (checked here against a fresh measurement of both heads) are
+    above the served head's, else the served head unchanged."""
     policy, head, refresher, add_rows = _gate_setup(folder, seed=11)
     lm_head = policy.get_output_embeddings()
     start = _weights(head)
@@ -250,9 +262,15 @@ def test_gate_serves_the_live_head_only_when_it_beat_the_served_one(folder):
     for _ in range(5):
         served, live = _weights(head), _weights(refresher.live)
         add_rows()
+        batch = _batch_of(refresher, lm_head)
+        measured = {
+            name: refresher._measure(h, batch) for name, h in (("served", head), ("live", refresher.live))
+        }
         out = refresher.refresh(lm_head)
-        assert out["draft/served_loss"] != out["draft/loss"]
-        if out["draft/loss"] < out["draft/served_loss"]:
+        assert out["draft/served_accepted"] == pytest.approx(measured["served"]["accepted"], rel=1e-6)
+        assert out["draft/accepted"] == pytest.approx(measured["live"]["accepted"], rel=1e-6)
+        assert out["draft/served_loss"] == pytest.approx(measured["served"]["loss"], rel=1e-6)
+        if out["draft/accepted"] > out["draft/served_accepted"]:
             assert out["draft/published"] == 1.0
             expected, served_any = live, True
         else:
@@ -264,19 +282,25 @@ def test_gate_serves_the_live_head_only_when_it_beat_the_served_one(folder):
 
 
 def test_gate_never_serves_a_live_head_made_worse(folder):
-    """Seed 12, head lr 5.0 without clipping: every step wrecks the live head (its loss on fresh rows
-    ends above the served one's), so 5 refreshes serve nothing and the served head stays the start."""
-    policy, head, refresher, add_rows = _gate_setup(
-        folder, seed=12, draft_refresh_lr=5.0, draft_refresh_grad_clip=None
-    )
+    """Seed 12: the head first learns for 12 ungated refreshes (lr 1e-2), then a gated refresher at head
+    lr 5.0 without clipping wrecks the live head at every step, so its chains on fresh rows accept fewer
+    drafts than the served head's: 5 refreshes serve nothing and the served head stays as it was."""
+    policy, head, warm, add_rows = _gate_setup(folder, seed=12, draft_refresh_gate=False)
     lm_head = policy.get_output_embeddings()
+    for _ in range(12):
+        add_rows()
+        warm.refresh(lm_head)
+    args = _args("/tmp/unused", fuse=True, draft_refresh_gate=True, draft_refresh_lr=5.0,
+                 draft_refresh_grad_clip=None)  # fmt: skip
+    refresher = DraftRefresher(head, args, total_refreshes=8)
     start = _weights(head)
     for i in range(5):
         add_rows()
+        refresher._pending, warm._pending = warm._pending, []
         out = refresher.refresh(lm_head)
         assert out["draft/published"] == 0.0
         if i > 0:
-            assert out["draft/loss"] > out["draft/served_loss"]
+            assert out["draft/accepted"] < out["draft/served_accepted"]
     for k, v in head.state_dict().items():
         assert torch.equal(v, start[k]), k
 
