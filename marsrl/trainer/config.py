@@ -47,9 +47,8 @@ class MarsGRPOConfig(GRPOConfig):
         draft_refresh_ttt_steps: draft steps the training-time test unrolls per row (the engine's draft
             length is what they prepare the head for).
         draft_refresh_gate: train a copy of the head and serve it to the pool only when, on a refresh's
-            rows (which neither head has learned from), its greedy chains accept more drafts than the
-            served head's; False: train the served head in place and send every refresh
-            (``marsrl.trainer.draft``).
+            rows (which neither head has learned from), its TTT loss is below the served head's; False:
+            train the served head in place and send every refresh (``marsrl.trainer.draft``).
         fuse_policy_forward: when the policy that made a generation batch is the one every training
             forward on it runs (``num_iterations == 1`` and ``steps_per_generation`` dividing
             ``gradient_accumulation_steps``: TRL's own condition for pi_old = pi), take the policy's
@@ -106,8 +105,8 @@ class MarsGRPOConfig(GRPOConfig):
     draft_refresh_gate: bool = field(
         default=True,
         metadata={
-            "help": "Serve the refreshed head only when its chains accept more drafts than the served "
-            "one's on the refresh's fresh rows (False: every refresh is served)."
+            "help": "Serve the refreshed head only when its TTT loss is below the served one's on the "
+            "refresh's fresh rows (False: every refresh is served)."
         },
     )
     fuse_policy_forward: bool = field(

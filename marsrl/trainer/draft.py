@@ -17,15 +17,16 @@ predict a completion token (where the engine drafts); the prompt stays as keys.
 The gate (``draft_refresh_gate``, on by default): the head the pool drafts with (the *served* head,
 ``drafter``) and the head that learns (the *live* head, a copy sharing the frozen embedding) are kept
 apart. At each refresh the kept rows are fresh to both: neither has learned from them. On them each head
-is measured by what drafting cares about, the expected drafts a greedy chain accepts under strict
-verification (``ttt_loss``'s ``accepted``): the served head in one no-grad unroll, the live head in its
-own training step, before its update. When the live head's chains accept more, its weights as measured
+is measured by its TTT loss (the objective it learns) and, for the logs, by the drafts a greedy chain
+would accept (``ttt_loss``'s ``accepted``): the served head in one no-grad unroll, the live head in its
+own training step, before its update. When the live head's loss is lower, its weights as measured
 (before this refresh's update) become the served head and go to the pool; otherwise the pool keeps
 drafting with the served one. So a refresh that makes the head worse for the current policy (the first
 steps of a fresh AdamW on a converged head, or a policy that moves faster than the head follows) is not
 served, and the served head changes only to one that beat it, paired on the same rows. The cost: a
 second copy of the head (without the embedding) and one no-grad unroll a refresh. Without the gate the
-served head is the one trained, in place, and every refresh reaches the pool.
+served head is the one trained, in place, and every refresh reaches the pool. (Judged by ``accepted``
+instead, the gate served heads that drafted worse: docs/benchmarks.md, bench/train.py ``--refresh``.)
 
 Departures: the rows are rank 0's (its features are local); the policy's logits are taken at T = 1 (the
 distribution the head approximates), whatever the rollout temperature.
@@ -140,11 +141,11 @@ class DraftRefresher:
 
         def before_update(measured: dict[str, torch.Tensor]) -> None:
             """The first step's measures (the live head on rows it has not learned from) and, gated, the
-            live head as measured served when its chains accept more drafts than the served head's."""
+            live head as measured served when its TTT loss is below the served head's."""
             if first:
                 return
             first.update(loss=float(measured["loss"]), accepted=float(measured["accepted"]))
-            if served is not None and first["accepted"] > served["accepted"]:
+            if served is not None and first["loss"] < served["loss"]:
                 _copy_weights(self.live, self.drafter)
                 first["published"] = 1.0
 

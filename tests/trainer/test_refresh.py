@@ -7,9 +7,9 @@
   the step, on the completions it just trained on) falls after a refresh; the policy is untouched by it.
 - Its cost is logged in the step: ``draft/seconds`` > 0 and 0 < ``draft/share_of_step`` <= 1.
 - Padding the kept rows (left and right, as TRL pads prompts and completions) changes nothing.
-- The gate: the served head changes only to the live head as it was measured, when its expected accepted
-  drafts on the refresh's rows (fresh to both) are above the served head's; a live head made worse (a
-  learning rate that wrecks it) is never served; the live head survives a checkpoint round trip.
+- The gate: the served head changes only to the live head as it was measured, when its TTT loss on the
+  refresh's rows (fresh to both) is below the served head's; a live head made worse (a learning rate that
+  wrecks it) is never served; the live head survives a checkpoint round trip.
 
 Rollouts: mars at theta = 0 with sampled drafts from a random head, 8 completions of up to 8 tokens a step,
 tiny world (V = 23), seeded."""
@@ -246,9 +246,9 @@ def _weights(head) -> dict:
 
 def test_gate_serves_the_live_head_only_when_it_beat_the_served_one(folder):
     """Seed 11, 6 refreshes of 4 fresh random rows each at lr 1e-2: after the first (which serves
-    nothing), the served head after each refresh is the live head as it was before it when its expected
-    accepted drafts on the refresh's rows (checked here against a fresh measurement of both heads) are
-    above the served head's, else the served head unchanged."""
+    nothing), the served head after each refresh is the live head as it was before it when its TTT loss
+    on the refresh's rows (checked here against a fresh measurement of both heads) is below the served
+    head's, else the served head unchanged."""
     policy, head, refresher, add_rows = _gate_setup(folder, seed=11)
     lm_head = policy.get_output_embeddings()
     start = _weights(head)
@@ -270,7 +270,8 @@ def test_gate_serves_the_live_head_only_when_it_beat_the_served_one(folder):
         assert out["draft/served_accepted"] == pytest.approx(measured["served"]["accepted"], rel=1e-6)
         assert out["draft/accepted"] == pytest.approx(measured["live"]["accepted"], rel=1e-6)
         assert out["draft/served_loss"] == pytest.approx(measured["served"]["loss"], rel=1e-6)
-        if out["draft/accepted"] > out["draft/served_accepted"]:
+        assert out["draft/loss"] == pytest.approx(measured["live"]["loss"], rel=1e-6)
+        if out["draft/loss"] < out["draft/served_loss"]:
             assert out["draft/published"] == 1.0
             expected, served_any = live, True
         else:
@@ -283,8 +284,8 @@ def test_gate_serves_the_live_head_only_when_it_beat_the_served_one(folder):
 
 def test_gate_never_serves_a_live_head_made_worse(folder):
     """Seed 12: the head first learns for 12 ungated refreshes (lr 1e-2), then a gated refresher at head
-    lr 5.0 without clipping wrecks the live head at every step, so its chains on fresh rows accept fewer
-    drafts than the served head's: 5 refreshes serve nothing and the served head stays as it was."""
+    lr 5.0 without clipping wrecks the live head at every step, so its TTT loss on fresh rows is above the
+    served head's: 5 refreshes serve nothing and the served head stays as it was."""
     policy, head, warm, add_rows = _gate_setup(folder, seed=12, draft_refresh_gate=False)
     lm_head = policy.get_output_embeddings()
     for _ in range(12):
@@ -300,7 +301,7 @@ def test_gate_never_serves_a_live_head_made_worse(folder):
         out = refresher.refresh(lm_head)
         assert out["draft/published"] == 0.0
         if i > 0:
-            assert out["draft/accepted"] < out["draft/served_accepted"]
+            assert out["draft/loss"] > out["draft/served_loss"]
     for k, v in head.state_dict().items():
         assert torch.equal(v, start[k]), k
 
