@@ -156,8 +156,8 @@ class ExperimentConfig:
     # repeats of the interleaved per-step rollout timing after training (timing.json; 0: none)
     timing_repeats: int = 8
     samples_per_step: int = 4  # trajectories with their per-token record written to samples.jsonl per step
-    # torch threads of the trainer's process; None: torch's count (OMP_NUM_THREADS), cut with the Ray backend
-    # to the cores left beside the rollout actors (run.trainer_threads)
+    # torch threads of the trainer's process; None: torch's count (OMP_NUM_THREADS): the rollout workers and
+    # the trainer take turns (run.trainer_threads)
     torch_threads: int | None = None
 
     def __post_init__(self):

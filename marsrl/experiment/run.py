@@ -444,18 +444,16 @@ def _before_training(cfg: ExperimentConfig, settings: dict, compute) -> dict:
 
 
 def trainer_threads(cfg: ExperimentConfig, current: int) -> int:
-    """``cfg.torch_threads``, else ``current`` (torch's thread count, which honours OMP_NUM_THREADS) cut
-    to the cores the rollout workers leave: with the Ray backend the actors run beside the trainer
-    (cores - num_actors x worker threads, at least 1); the local worker runs in turn with the trainer in
-    one process, so ``current`` (set by the worker when its ``torch_threads`` is) stands. More threads
-    than free cores do not speed a step up: OpenMP threads that wait for a core spin."""
+    """``cfg.torch_threads``, else ``current`` (torch's thread count, which honours OMP_NUM_THREADS).
+
+    The rollout workers and the trainer take turns: a step generates, then trains, and the trainer waits
+    while the pool generates. So the trainer keeps every core torch would use, with either backend (with
+    the local backend the in-process worker sets the count when its ``torch_threads`` is set). On a
+    machine that other jobs share, fewer threads than cores (``OMP_NUM_THREADS`` or ``torch_threads``)
+    avoid OpenMP threads that spin waiting for a core."""
     if cfg.torch_threads is not None:
         return cfg.torch_threads
-    if cfg.pool_backend == "local":
-        return current
-    worker = (cfg.pool.get("worker") or {}).get("torch_threads") or 1
-    free = (os.cpu_count() or 1) - int(cfg.pool.get("num_actors", 1)) * worker
-    return max(1, min(current, free))
+    return current
 
 
 def fault_point(name: str) -> None:

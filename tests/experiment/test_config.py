@@ -4,6 +4,8 @@ experiment owns (the correction per arm, folders, logging, seed) is refused in t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from marsrl.config import ConfigError
@@ -124,3 +126,16 @@ def test_is_correction_points_at_arms(tmp_path):
         load_experiment(_write(tmp_path, "trainer: {is_correction: sequence_mask}\n"))
     cfg = load_experiment(_write(tmp_path, "arms: [{name: m, rule: mars, is_correction: sequence_mask}]\n"))
     assert cfg.arms[0].is_correction == "sequence_mask"  # where it belongs
+
+
+@pytest.mark.parametrize("backend", ["ray", "local"])
+def test_trainer_threads_keep_torchs_count_unless_set(backend):
+    """The workers and the trainer take turns, so with either backend the trainer keeps the count torch
+    has (OMP_NUM_THREADS) whatever the workers use; ``torch_threads`` overrides it."""
+    from marsrl.experiment.run import trainer_threads
+
+    pool = {"num_actors": 2, "worker": {"torch_threads": 1}}
+    cfg = ExperimentConfig(pool_backend=backend, pool=pool)
+    assert trainer_threads(cfg, 2) == 2
+    assert trainer_threads(cfg, 1) == 1
+    assert trainer_threads(dataclasses.replace(cfg, torch_threads=3), 2) == 3
