@@ -4,8 +4,9 @@ strict one; the first arm when none is strict).
 It claims only what an interval resolves: for each arm it first names the figures whose 95% interval
 excludes "no difference" (1 for a ratio, 0 for a difference), then lists the rest as "not resolved at this
 size", then what could not be compared and why.  A projection of the step-time effect (Amdahl's law at
-the measured rollout share and at published ones) follows, labelled as arithmetic, and last how the
-intervals were computed.
+the measured rollout share and at published ones) follows, labelled as arithmetic, then how the
+intervals were computed and, when held-out accuracy is compared, what its interval leaves out: the
+variation between training runs.
 """
 
 from __future__ import annotations
@@ -146,6 +147,14 @@ METHOD = (
 )
 
 
+ONE_RUN = (
+    "Held-out differences between arms compare one training run of each: their intervals cover which "
+    "problems were drawn and how they were sampled, not how another training run of the same arm would "
+    "end (other rollout samples, another thread count). Two runs of one arm can end further apart than "
+    "these intervals; only several seeds (seeds: [0, 1, 2], the across-seed interval) measure that."
+)
+
+
 def verdict(
     arms: list[Arm],
     summaries: dict[str, dict],
@@ -187,4 +196,6 @@ def verdict(
             projected[arm.name] = projections[arm.name]
     metrics["projection"] = projected
     paragraphs.append(METHOD.format(n_boot=n_boot, seed=seed, alpha=stats.EMA_ALPHA))
+    if any(k.startswith("heldout_") for figs in comparisons.values() for k in figs):
+        paragraphs.append(ONE_RUN)
     return "\n\n".join([" ".join([*lead, paragraphs[0]]), *paragraphs[1:]]), metrics

@@ -216,7 +216,12 @@ class DraftRefresher:
         self.scheduler.load_state_dict(state["scheduler"])
         self.refreshes = int(state["refreshes"])
         if self.gate and state.get("live") is not None:
-            self.live.load_state_dict(state["live"], strict=False)
+            missing, unexpected = self.live.load_state_dict(state["live"], strict=False)
+            if unexpected or any(not k.startswith("embed_tokens.") for k in missing):
+                raise ValueError(
+                    f"the refresher's live head does not fit this drafter (missing {missing}, "
+                    f"unexpected {unexpected})"
+                )
         elif self.gate:  # a state saved without the gate: the live head starts from the served one
             _copy_weights(self.drafter, self.live)
 

@@ -14,7 +14,7 @@ from marsrl.report import build_report
 from marsrl.report.compare import compare_arms
 from marsrl.report.load import Arm
 from marsrl.report.table import summarize_arm
-from marsrl.report.verdict import NOT_RESOLVED, verdict
+from marsrl.report.verdict import NOT_RESOLVED, ONE_RUN, verdict
 
 from .helpers import MARS_REWARDS, STRICT_REWARDS, metric_rows, write_arm
 
@@ -45,6 +45,8 @@ def test_verdict_leads_with_what_is_resolved(built):
     # no reward level was fixed before the run: the figure is not compared, and the text says how to fix it
     assert "time_to_target_ratio" not in cmp and "report.target_reward" in first
     assert "final reward" not in text  # no target taken from strict's own last steps
+    # held-out accuracy was compared: the last paragraph says its interval leaves out run-to-run variation
+    assert text.split("\n\n")[-1] == ONE_RUN and "seeds" in ONE_RUN
 
 
 def test_projection_is_labelled_and_cited(built):
@@ -151,6 +153,7 @@ def test_no_strict_arm_and_single_arm():
     assert text.startswith("No strict arm; comparing with a. b vs a: resolved (95% interval excludes no ")
     assert "step time (sequential wall-clock: machine load included) 0.17x" in text
     assert "held-out accuracy (no eval.json 'after' results" in text
+    assert ONE_RUN not in text  # no held-out comparison: nothing to caution about
     assert m["b"]["step_time_ratio"]["resolved"] is True
     assert verdict([a], {"a": summarize_arm(a)}) == (
         "Only one arm (a, mean reward 0.432); nothing to compare.",
