@@ -246,18 +246,20 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(experiment, tmp_path):
 
 
 def test_ctrl_c_stops_with_one_line_and_a_whole_checkpoint(tmp_path):
-    """SIGINT once the step-2 checkpoint is written: exit 130, the last stderr line says where it stopped
-    and how to go on, and the newest complete checkpoint still matches its manifest."""
+    """SIGINT once a checkpoint is complete: exit 130, the last stderr line says where it stopped and how
+    to go on, and the newest complete checkpoint still matches its manifest. (Any complete checkpoint,
+    not only step 2's: on a loaded machine the test may look only after the rotation removed it.)"""
     from marsrl.trainer.checkpoint import check_manifest
 
     out = tmp_path / "c"
     cmd = [sys.executable, "-m", "marsrl", "train", "--config", CONFIG, "--set", f"output_dir={out}"]
     cmd += ["--set", "arms=[{name: strict}]", "--set", "wandb.mode=disabled", "--set", "data.n_eval=8"]
-    cmd += ["--set", "trainer.max_steps=50", "--no-progress", "--no-report"]
-    marker = out / "grpo_micro" / "strict" / "checkpoints" / "checkpoint-2" / "marsrl_complete.json"
+    cmd += ["--set", "trainer.max_steps=200", "--no-progress", "--no-report"]
+    folder = out / "grpo_micro" / "strict" / "checkpoints"
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
-    while not marker.is_file() and proc.poll() is None and time.monotonic() < deadline:
+    while not list(folder.glob("checkpoint-*/marsrl_complete.json")) and proc.poll() is None:
+        assert time.monotonic() < deadline, "no complete checkpoint within 10 minutes"
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
@@ -266,7 +268,8 @@ def test_ctrl_c_stops_with_one_line_and_a_whole_checkpoint(tmp_path):
     said = r"marsrl train: interrupted at arm strict, step \d+; continue with --resume"
     assert re.fullmatch(said, last), last
     assert "Traceback" not in err
-    assert check_manifest(marker.parent) is None
+    complete = sorted(folder.glob("checkpoint-*/marsrl_complete.json"), key=lambda m: int(m.parent.name[11:]))
+    assert complete and check_manifest(complete[-1].parent) is None
 
 
 def test_seeds_run_every_arm_per_seed_and_the_report_aggregates(tmp_path):
