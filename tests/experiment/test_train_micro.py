@@ -246,9 +246,10 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(experiment, tmp_path):
 
 
 def test_ctrl_c_stops_with_one_line_and_a_whole_checkpoint(tmp_path):
-    """SIGINT once a checkpoint is complete: exit 130, the last stderr line says where it stopped and how
-    to go on, and the newest complete checkpoint still matches its manifest. (Any complete checkpoint,
-    not only step 2's: on a loaded machine the test may look only after the rotation removed it.)"""
+    """SIGINT while training, a step past a complete checkpoint: exit 130, the last stderr line says where
+    it stopped and how to go on, and the newest complete checkpoint still matches its manifest. (Any
+    complete checkpoint, not only step 2's: on a loaded machine the test may look only after the rotation
+    removed it.)"""
     from marsrl.trainer.checkpoint import check_manifest
 
     out = tmp_path / "c"
@@ -256,13 +257,22 @@ def test_ctrl_c_stops_with_one_line_and_a_whole_checkpoint(tmp_path):
     cmd += ["--set", "arms=[{name: strict}]", "--set", "wandb.mode=disabled", "--set", "data.n_eval=8"]
     cmd += ["--set", "trainer.max_steps=200", "--no-progress", "--no-report"]
     folder = out / "grpo_micro" / "strict" / "checkpoints"
+    rows = out / "grpo_micro" / "strict" / "metrics.jsonl"
+
+    def training_past_a_checkpoint() -> bool:  # a complete checkpoint, and a later step logged
+        done = [int(m.parent.name[11:]) for m in folder.glob("checkpoint-*/marsrl_complete.json")]
+        steps = (
+            [json.loads(x).get("step", 0) for x in rows.read_text().splitlines()] if rows.is_file() else []
+        )
+        return bool(done) and max(steps, default=0) > min(done)
+
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
-    while not list(folder.glob("checkpoint-*/marsrl_complete.json")) and proc.poll() is None:
-        assert time.monotonic() < deadline, "no complete checkpoint within 10 minutes"
+    while not training_past_a_checkpoint() and proc.poll() is None:
+        assert time.monotonic() < deadline, "no step past a complete checkpoint within 10 minutes"
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-3000:]
     last = err.strip().splitlines()[-1]
     said = r"marsrl train: interrupted at arm strict, step \d+; continue with --resume"
