@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -19,6 +20,31 @@ C = TypeVar("C")
 
 class ConfigError(ValueError):
     """A config file or override that cannot be applied (names the file and key)."""
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, with YAML 1.2's floats: ``5e-4`` and ``1E3`` are numbers (YAML 1.1, which
+    PyYAML follows, reads a float without a dot as a string, so ``learning_rate: 5e-4`` would not be one)."""
+
+
+_Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` with YAML 1.2's floats (``5e-4`` is a number): every config marsrl reads."""
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
 
 
 def _coerce(cls, name: str, value: Any, where: str) -> Any:
@@ -89,7 +115,7 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} must look like key=value")
-        out[key.strip()] = yaml.safe_load(raw)
+        out[key.strip()] = load_yaml(raw)
     return out
 
 
@@ -99,7 +125,7 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        loaded = yaml.safe_load(path.read_text()) or {}
+        loaded = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
     if not isinstance(loaded, dict):

@@ -984,3 +984,25 @@ def test_no_bench_edits_sys_path():
     """The benches import each other and the harness as the ``bench`` package."""
     for name in _benches():
         assert "sys.path" not in (ROOT / "bench" / f"{name}.py").read_text(), name
+
+
+def test_eval_batch_bench_on_micro(micro_world):
+    """Greedy decoding scores the same problems at any batch size; a repeat repeats T = 1's draws."""
+    out = _load_bench("eval_batch").main(
+        [
+            "--preset",
+            "micro",
+            "--n",
+            "6",
+            "--batch-sizes",
+            "2",
+            "6",
+            "--repeats",
+            "2",
+            "--max-new-tokens",
+            "8",
+        ]
+    )
+    assert set(out["batch_sizes"]) == {"2", "6"} and out["batch_sizes"]["2"]["vs_first"] == 1.0
+    assert out["batch_sizes"]["6"]["seconds"]["n"] == 2 and out["batch_sizes"]["6"]["seconds"]["median"] > 0
+    assert out["greedy_identical"] is True and out["t1_repeatable"] is True

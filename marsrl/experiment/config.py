@@ -6,9 +6,12 @@ else). Defaults live in these dataclasses (and, for the trainer, in ``MarsGRPOCo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -297,11 +300,33 @@ _TRAINER_CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+_type_hints = functools.cache(typing.get_type_hints)
+
+
+def _numeric_kind(cls, name: str) -> type | None:
+    """int or float when ``cls.name`` is annotated as one (optionally ``| None``), else None."""
+    hint = _type_hints(cls).get(name)
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    kinds = {a for a in args if a is not type(None)}
+    return kinds.pop() if len(kinds) == 1 and kinds <= {int, float} else None
+
+
 def _check_trainer_values(trainer: dict, where: str) -> None:
     """One ConfigError naming the file and ``trainer.<field>`` for a value TRL or torch would reject late,
     and for a group size that does not divide the completions of one generation."""
     from ..trainer.config import MarsGRPOConfig
 
+    for name, value in trainer.items():
+        kind = _numeric_kind(MarsGRPOConfig, name)
+        if kind is None or value is None:
+            continue
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (kind is int and isinstance(value, float))
+        ):
+            what = "an integer" if kind is int else "a number"
+            raise ConfigError(f"{where}: trainer.{name} must be {what}, got {value!r}")
     for name, (test, must) in _TRAINER_CHECKS.items():
         if name not in trainer or trainer[name] is None:
             continue

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from ..config import load_yaml
 from .config import ArmConfig, ExperimentConfig, dump_experiment
 from .run import ExperimentError, Sources, arm_dir, load_data, pool_config, resolve_sources, trainer_args
 
@@ -371,7 +372,7 @@ def trainer_ranks(deepspeed) -> tuple[int | None, str]:
     matches = []
     if isinstance(deepspeed, str):
         for path in sorted(ACCELERATE_DIR.glob("*.yaml")):
-            acc = yaml.safe_load(path.read_text()) or {}
+            acc = load_yaml(path.read_text()) or {}
             named = (acc.get("deepspeed_config") or {}).get("deepspeed_config_file")
             if named and Path(named).resolve() == Path(deepspeed).resolve():
                 matches.append((path, acc.get("num_processes")))

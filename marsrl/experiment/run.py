@@ -78,7 +78,13 @@ def resolve_sources(cfg: ExperimentConfig, progress: bool = True, build: bool = 
             if world not in (None, preset):
                 raise ExperimentError("model and drafter name different tiny worlds")
             world = preset
-            folder = build_tinyworld(preset, progress=progress) if build else world_dir(PRESETS[preset])
+            if build:  # the build has the machine to itself: it trains with the trainer's threads
+                import torch
+
+                threads = trainer_threads(cfg, torch.get_num_threads())
+                folder = build_tinyworld(preset, progress=progress, threads=threads)
+            else:
+                folder = world_dir(PRESETS[preset])
             value = str(folder / ("target" if key == "model" else "draft"))
         out[key] = value
     return Sources(model=out["model"], drafter=out["drafter"], world=world)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from ..config import load_yaml
 from .base import ReportError
 from .wandb_read import find_run_dirs, history_to_metrics, is_run_dir, merge_runs, read_wandb_run
 
@@ -105,7 +106,7 @@ def read_metrics(path: Path) -> list[dict]:
 
 def read_yaml(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

@@ -5,6 +5,7 @@ experiment owns (the correction per arm, folders, logging, seed) is refused in t
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -98,6 +99,24 @@ def test_bad_override_names_the_override(tmp_path):
         load_experiment(None, ["trainer.max_steps"])
 
 
+def test_exponent_floats_are_numbers_and_numeric_trainer_fields_are_checked(tmp_path):
+    """``5e-4`` (no dot) is a float in the file and in ``--set`` (YAML 1.2; PyYAML alone reads a string),
+    and any numeric MarsGRPOConfig field given something else fails at load, naming the field."""
+    cfg = load_experiment(
+        _write(tmp_path, "trainer: {learning_rate: 5e-4}\n"), ["trainer.draft_refresh_lr=1E-3"]
+    )
+    assert cfg.trainer == {"learning_rate": 5e-4, "draft_refresh_lr": 1e-3}
+    with pytest.raises(ConfigError, match=r"trainer\.draft_refresh_lr must be a number, got 'fast'"):
+        load_experiment(None, ["trainer.draft_refresh_lr=fast"])
+    with pytest.raises(ConfigError, match=r"trainer\.draft_refresh_every must be an integer, got 2\.5"):
+        load_experiment(None, ["trainer.draft_refresh_every=2.5"])
+    with pytest.raises(ConfigError, match=r"trainer\.top_k must be an integer, got True"):
+        load_experiment(None, ["trainer.top_k=true"])
+    assert load_experiment(None, ["trainer.draft_refresh_grad_clip=null"]).trainer == {
+        "draft_refresh_grad_clip": None
+    }
+
+
 def test_defaults_are_the_dataclasses():
     cfg = load_experiment(None)
     assert cfg == ExperimentConfig() and cfg.arms == DEFAULT_ARMS
@@ -139,3 +158,23 @@ def test_trainer_threads_keep_torchs_count_unless_set(backend):
     assert trainer_threads(cfg, 2) == 2
     assert trainer_threads(cfg, 1) == 1
     assert trainer_threads(dataclasses.replace(cfg, torch_threads=3), 2) == 3
+
+
+def test_the_world_builds_with_the_trainers_threads(monkeypatch):
+    """``marsrl train`` builds the tiny world before anything else runs, so it trains with the trainer's
+    thread count (torch's, or ``torch_threads``), not the library default of one."""
+    import torch
+
+    import marsrl.tinyworld as tinyworld
+    from marsrl.experiment.run import resolve_sources
+
+    calls = []
+    monkeypatch.setattr(
+        tinyworld, "build_tinyworld", lambda preset, **kw: calls.append((preset, kw)) or Path("/w")
+    )
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    resolve_sources(ExperimentConfig(), progress=False)
+    assert calls and all(kw["threads"] == 2 for _, kw in calls)
+    calls.clear()
+    resolve_sources(ExperimentConfig(torch_threads=1), progress=False)
+    assert all(kw["threads"] == 1 for _, kw in calls)
