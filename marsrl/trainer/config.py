@@ -83,7 +83,7 @@ class MarsGRPOConfig(GRPOConfig):
         },
     )
     draft_refresh_lr: float = field(
-        default=3e-3, metadata={"help": "Peak learning rate of the head's own AdamW."}
+        default=5e-4, metadata={"help": "Peak learning rate of the head's own AdamW."}
     )
     draft_refresh_lr_scheduler_type: str = field(
         default="constant_with_warmup",
