@@ -12,8 +12,19 @@ def _build(args: argparse.Namespace) -> int:
     if args.preset not in PRESETS:
         print(f"marsrl: --preset must be one of {sorted(PRESETS)}")
         return 2
+    if args.threads is not None and args.threads < 1:
+        print(f"marsrl: --threads must be >= 1, got {args.threads}")
+        return 2
+    import torch
+
+    threads = args.threads or torch.get_num_threads()  # the build has the machine: torch's count
     path = build_tinyworld(
-        args.preset, args.out, seed=args.seed, force=args.force, progress=not args.no_progress
+        args.preset,
+        args.out,
+        seed=args.seed,
+        force=args.force,
+        progress=not args.no_progress,
+        threads=threads,
     )
     meta = json.loads((path / "metadata.json").read_text())
     print(f"tiny world '{args.preset}' at {path}")
@@ -35,4 +46,10 @@ def add_tinyworld_parser(subparsers) -> None:
     build.add_argument("--seed", type=int, default=None, help="seed (default: the preset's)")
     build.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")
     build.add_argument("--no-progress", action="store_true", help="no progress bars")
+    build.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads while building (default: torch's count, which honours OMP_NUM_THREADS)",
+    )
     build.set_defaults(func=_build)

@@ -105,3 +105,27 @@ def test_concurrent_builders_build_once(tmp_path, monkeypatch):
     for t in threads:
         t.join()
     assert calls == [1] and got == [out, out]
+
+
+def test_cli_builds_with_torchs_threads_unless_told(monkeypatch, tmp_path, capsys):
+    """``marsrl tinyworld build`` has the machine to itself: torch's thread count by default, ``--threads``
+    when given, and a bad count is one line, not a build."""
+    import marsrl.tinyworld.build as build_mod
+    from marsrl.cli import main
+
+    calls = []
+
+    def fake_build(preset, out=None, **kw):
+        calls.append(kw["threads"])
+        (tmp_path / "metadata.json").write_text(
+            json.dumps(dict(target_params=1, measured_at_build={}, timings_s={}))
+        )
+        return tmp_path
+
+    monkeypatch.setattr(build_mod, "build_tinyworld", fake_build)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert main(["tinyworld", "build", "--preset", "micro", "--no-progress"]) == 0
+    assert main(["tinyworld", "build", "--preset", "micro", "--no-progress", "--threads", "1"]) == 0
+    assert calls == [2, 1]
+    assert main(["tinyworld", "build", "--threads", "0"]) == 2 and calls == [2, 1]
+    assert "--threads must be >= 1" in capsys.readouterr().out
