@@ -310,8 +310,8 @@ def main(argv=None) -> dict:
         type=int,
         default=262144,
         help="where --confirm-calls is not given, B x new tokens x calls reaches this (the default gives 48 "
-        "calls at B = 1, 8 and 32 and 16 at B = 128 with 128 new tokens: at 65536, 16 and 8, the mars auto "
-        "bars' intervals at B = 32 and 128 spanned 0.92-1.03 in the full runs of 2026-12-06)",
+        "calls at B = 1, 8 and 32 and 16 at B = 128 with 128 new tokens; fewer calls leave the auto bars' "
+        "intervals wider than the margins they judge: docs/benchmarks.md#benchscalepy)",
     )
     ap.add_argument(
         "--confirm-margin",
@@ -319,7 +319,7 @@ def main(argv=None) -> dict:
         default=0.06,
         help="a mars >= strict pair (a fixed K or the tree) whose sweep ratio is under 1 + this (every "
         "sweep failure and near pass) joins the head-to-head, which then judges its bar (-1: none; the "
-        "sweep's A/A control read 0.92-1.06 in the full runs of 2026-12-01/02, 0.85-1.12 on 2026-12-04)",
+        "margin is about the spread of the sweep's own A/A control: docs/benchmarks.md#benchscalepy)",
     )
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 3, 5, 7], help="fixed chain lengths")
     ap.add_argument("--tree", type=int, nargs=3, default=[4, 5, 24], metavar=("TOP_K", "DEPTH", "TOTAL"))

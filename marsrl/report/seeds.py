@@ -2,13 +2,21 @@
 report, its mean over the seeds and a 95% interval across seeds (Student's t on the per-seed values, n - 1
 degrees of freedom: the seeds are the independent replicates; within-seed intervals are each seed's own
 report). Pure functions over the seeds' ``table.json`` contents; ``write_seed_report`` writes
-``seeds.json`` and ``seeds.md``."""
+``seeds.json`` and ``seeds.md``.
+
+Two kinds of figure are not averaged. The interleaved timing runs once per experiment, on the initial
+policy, so its ratios are one measurement that every seed's report repeats: they are reported once, with
+their own interval over the timing repeats (``shared``). A time to a reward level is a ratio only when
+both arms reach the level; where either does not in some seed, its per-seed value is a convention (0 or
+inf), so no mean or interval is formed (``note`` says where)."""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
+
+from .compare import BY_REPEATS
 
 # two-sided 95% Student t quantiles t_{0.975, df}, df = 1..30; larger df use the normal quantile
 _T975 = (
@@ -41,12 +49,40 @@ def across_seeds(values: list[float]) -> dict:
     return {"mean": mean, "low": mean - half, "high": mean + half, "n": n, "sd": sd}
 
 
+def _number(x) -> float | None:
+    """A table.json number (JSON writes infinities as strings) as a float; None when absent."""
+    try:
+        return None if x is None else float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _shared(figs: list[dict]) -> bool:
+    """The seeds' figures are one interleaved-timing measurement repeated in every seed's report."""
+    first = figs[0]
+    return all(
+        f.get("interval") == BY_REPEATS and all(f.get(k) == first.get(k) for k in ("value", "low", "high"))
+        for f in figs
+    )
+
+
+def _unreached(figs: dict[str, dict]) -> list[str]:
+    """Seeds where a time-to-level figure's arm or reference never reached the level."""
+    return [
+        seed
+        for seed, f in figs.items()
+        if "arm_s" in (f.get("extra") or {}) and None in (f["extra"].get("arm_s"), f["extra"].get("ref_s"))
+    ]
+
+
 def aggregate(tables: dict[str, dict]) -> dict:
     """{"seeds": [...], "comparisons": {arm: {key: {"per_seed": {seed: value}, "null", "label",
-    **across_seeds, "resolved"}}}} from each seed's table.json (``tables``: {seed label: content})."""
+    **across_seeds, "resolved", "shared", "note"}}}} from each seed's table.json (``tables``: {seed label:
+    content}); see the module docstring for ``shared`` and ``note``."""
     seeds = list(tables)
     out: dict = {"seeds": seeds, "interval": "Student t over the per-seed values (95%)", "comparisons": {}}
     arms: dict[str, dict] = {}
+    figs: dict[tuple[str, str], dict[str, dict]] = {}
     for seed, table in tables.items():
         for arm, figures in (table.get("comparisons") or {}).items():
             for key, fig in figures.items():
@@ -54,13 +90,32 @@ def aggregate(tables: dict[str, dict]) -> dict:
                     key, {"label": fig.get("label", key), "null": fig.get("null"), "per_seed": {}}
                 )
                 slot["per_seed"][seed] = fig.get("value")
-    for figures in arms.values():
-        for slot in figures.values():
-            stats = across_seeds([slot["per_seed"].get(s) for s in seeds])
-            slot.update(stats)
+                figs.setdefault((arm, key), {})[seed] = fig
+    for arm, figures in arms.items():
+        for key, slot in figures.items():
+            these = figs[(arm, key)]
             null = slot["null"]
+            unreached = _unreached(these)
+            if len(these) > 1 and _shared(list(these.values())):
+                f = next(iter(these.values()))
+                stats = {"mean": _number(f.get("value")), "low": _number(f.get("low")),
+                         "high": _number(f.get("high")), "n": f.get("n"), "sd": None}  # fmt: skip
+                slot.update(stats, shared=True, note=f"one timing shared by every seed; {BY_REPEATS}")
+            elif unreached:
+                stats = {"mean": None, "low": None, "high": None, "n": 0, "sd": None}
+                slot.update(
+                    stats,
+                    shared=False,
+                    note="the level was not reached by both arms at " + ", ".join(unreached),
+                )
+            else:
+                stats = across_seeds([_number(slot["per_seed"].get(s)) for s in seeds])
+                slot.update(stats, shared=False, note=None)
             slot["resolved"] = (
-                stats["low"] is not None and null is not None and not (stats["low"] <= null <= stats["high"])
+                slot["low"] is not None
+                and slot["high"] is not None
+                and null is not None
+                and not (slot["low"] <= null <= slot["high"])
             )
     out["comparisons"] = arms
     return out
@@ -79,8 +134,10 @@ def format_markdown(agg: dict, experiment: str) -> str:
         lines.append("| figure | " + " | ".join(seeds) + " | mean [95% CI] | resolved |")
         lines.append("|---|" + "---:|" * len(seeds) + "---:|:---:|")
         for slot in figures.values():
-            per = " | ".join(_fmt(slot["per_seed"].get(s)) for s in seeds)
+            per = " | ".join(_fmt(_number(slot["per_seed"].get(s))) for s in seeds)
             ci = f"{_fmt(slot['mean'])} [{_fmt(slot['low'])}, {_fmt(slot['high'])}]"
+            if slot.get("note"):
+                ci = f"{ci} ({slot['note']})" if slot["mean"] is not None else f"n/a ({slot['note']})"
             lines.append(f"| {slot['label']} | {per} | {ci} | {'yes' if slot['resolved'] else 'no'} |")
         lines.append("")
     return "\n".join(lines)

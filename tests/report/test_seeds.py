@@ -49,3 +49,48 @@ def test_aggregate_resolves_only_when_the_seeds_agree():
     assert not single["comparisons"]["mars"]["tokens_per_s_ratio"]["resolved"]
     text = format_markdown(agreeing, "grpo_tiny")
     assert "| rollout tokens/s | 1.2 | 1.25 | 1.22 |" in text and "3 seeds" in text
+
+
+def _fig(value, low=None, high=None, interval="bootstrap over steps, paired by step", extra=None) -> dict:
+    return {"label": "x", "value": value, "low": low, "high": high, "null": 1.0, "interval": interval,
+            "n": 8, "extra": extra or {}}  # fmt: skip
+
+
+def test_one_shared_timing_is_reported_once_with_its_own_interval():
+    """The interleaved timing runs once per experiment and every seed's table repeats it: three copies of
+    one ratio are not three replicates (a t interval over them would have zero width and read resolved)."""
+    from marsrl.report.compare import BY_REPEATS
+
+    timing = _fig(1.30, 1.21, 1.42, BY_REPEATS)
+    tables = {f"seed-{i}": {"comparisons": {"mars": {"tokens_per_s_ratio": dict(timing)}}} for i in range(3)}
+    slot = aggregate(tables)["comparisons"]["mars"]["tokens_per_s_ratio"]
+    assert slot["shared"] and (slot["mean"], slot["low"], slot["high"]) == (1.30, 1.21, 1.42)
+    assert slot["resolved"]
+    wide = {s: {"comparisons": {"mars": {"t": _fig(1.05, 0.97, 1.12, BY_REPEATS)}}} for s in tables}
+    assert not aggregate(wide)["comparisons"]["mars"]["t"]["resolved"]  # its own interval holds 1
+    # per-seed timings that differ are replicates again: the t interval across them
+    differ = {f"seed-{i}": {"comparisons": {"mars": {"t": _fig(v, v - 0.1, v + 0.1, BY_REPEATS)}}}
+              for i, v in enumerate((1.2, 1.25, 1.22))}  # fmt: skip
+    slot = aggregate(differ)["comparisons"]["mars"]["t"]
+    assert not slot["shared"] and slot["low"] == pytest.approx(across_seeds([1.2, 1.25, 1.22])["low"])
+
+
+def test_time_to_a_level_one_arm_never_reached_is_not_averaged():
+    """0 and inf stand for "only one arm reached the level": no mean or interval is formed over them."""
+    reached = {"arm_s": 50.0, "ref_s": 60.0}
+    tables = {
+        "seed-0": {"comparisons": {"mars": {"ttt": _fig(50 / 60, extra=reached)}}},
+        "seed-1": {
+            "comparisons": {"mars": {"ttt": _fig(0.0, 0.0, "inf", extra={"arm_s": 58.0, "ref_s": None})}}
+        },
+        "seed-2": {
+            "comparisons": {"mars": {"ttt": _fig(0.0, 0.0, "inf", extra={"arm_s": 40.0, "ref_s": None})}}
+        },
+    }
+    agg = aggregate(tables)
+    slot = agg["comparisons"]["mars"]["ttt"]
+    assert slot["mean"] is None and not slot["resolved"] and "seed-1, seed-2" in slot["note"]
+    assert "n/a (the level was not reached by both arms at seed-1, seed-2)" in format_markdown(agg, "e")
+    tables["seed-1"]["comparisons"]["mars"]["ttt"] = _fig(0.9, extra=reached)
+    tables["seed-2"]["comparisons"]["mars"]["ttt"] = _fig(0.8, extra=reached)
+    assert aggregate(tables)["comparisons"]["mars"]["ttt"]["mean"] == pytest.approx((50 / 60 + 0.9 + 0.8) / 3)
