@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import stats
 from .base import ReportError, finite
-from .compare import aa_check, compare_arms, projection
+from .compare import aa_check, compare_arms, projection, void_unfair_timing
 from .load import REPORT_DIR, Experiment, load_experiment
 from .plots import write_plots
 from .table import FINAL_FRAC, comparison_cells, format_markdown, summarize_arm, table_cells, table_json
@@ -62,6 +62,7 @@ def build_report(
     others = [a for a in exp.arms if a is not ref]
     comparisons = {a.name: compare_arms(a, ref, target, n_boot, seed, exp.timing) for a in others}
     aa = aa_check(exp.timing, ref.name, n_boot, seed) if ref is not None else None
+    comparisons = void_unfair_timing(comparisons, aa)
     projections = {a.name: projection(a, ref, n_boot, seed, exp.timing) for a in others}
     rows = table_cells(summaries, final_frac) + comparison_cells(comparisons, names, ref.name if ref else "")
     table = format_markdown(rows, names)

@@ -31,7 +31,7 @@ or ``report.target_reward`` in the experiment config); none is derived from the 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from . import stats
 from .base import finite
@@ -66,10 +66,11 @@ class Figure:
     interval: str
     n: int = 0
     extra: dict = field(default_factory=dict)
+    void: str = ""  # why the interval cannot be read as a finding (e.g. the timing's A/A control failed)
 
     @property
     def resolved(self) -> bool:
-        if self.low is None or self.high is None:
+        if self.void or self.low is None or self.high is None:
             return False
         if self.interval != NEWCOMBE and self.n < MIN_RESAMPLED:
             return False
@@ -404,3 +405,17 @@ def _projection_interleaved(timing: dict, arm: str, ref: str, n_boot: int, seed:
             "n": m["n"],
         }
     )
+
+
+UNFAIR_TIMING = "the A/A control resolved a difference: the timing is not fair"
+
+
+def void_unfair_timing(comparisons: dict[str, dict[str, Figure]], aa: Figure | None) -> dict:
+    """The comparisons with every interleaved-timing figure voided (``Figure.void``) when the reference's
+    A/A copy read a resolved difference: a bias that large in the timing makes its ratios no finding."""
+    if aa is None or not aa.resolved:
+        return comparisons
+    return {
+        arm: {k: replace(f, void=UNFAIR_TIMING) if f.interval == BY_REPEATS else f for k, f in figs.items()}
+        for arm, figs in comparisons.items()
+    }

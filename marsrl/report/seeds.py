@@ -111,8 +111,12 @@ def aggregate(tables: dict[str, dict]) -> dict:
             else:
                 stats = across_seeds([_number(slot["per_seed"].get(s)) for s in seeds])
                 slot.update(stats, shared=False, note=None)
+            void = next((f["void"] for f in these.values() if f.get("void")), "")
+            if void:  # a seed's report could not read it as a finding (its timing's A/A control failed)
+                slot["note"] = f"{slot['note']}; {void}" if slot.get("note") else void
             slot["resolved"] = (
-                slot["low"] is not None
+                not void
+                and slot["low"] is not None
                 and slot["high"] is not None
                 and null is not None
                 and not (slot["low"] <= null <= slot["high"])

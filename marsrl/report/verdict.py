@@ -55,6 +55,8 @@ def format_figure(key: str, f: Figure) -> str:
 
 def _phrase(key: str, f: Figure, ref: str) -> str:
     text = f"{f.label} {format_figure(key, f)}"
+    if f.void:
+        return f"{text} ({f.void})"
     x = f.extra
     if key.startswith("heldout_"):
         n = f"{f.n} problems" + (
