@@ -266,7 +266,13 @@ def test_ctrl_c_stops_with_one_line_and_a_whole_checkpoint(tmp_path):
         )
         return bool(done) and max(steps, default=0) > min(done)
 
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default in the child, as a terminal's foreground job has it: a test run started in
+    # the background (``pytest &``, a CI runner's non-interactive shell) passes SIGINT down *ignored*,
+    # and a Python started that way never raises KeyboardInterrupt
+    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint
+    )
     deadline = time.monotonic() + 600
     while not training_past_a_checkpoint() and proc.poll() is None:
         assert time.monotonic() < deadline, "no step past a complete checkpoint within 10 minutes"
