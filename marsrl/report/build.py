@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import stats
 from .base import ReportError, finite
-from .compare import aa_check, compare_arms, projection, void_unfair_timing
+from .compare import UNFAIR_TIMING, aa_check, compare_arms, projection, void_unfair_timing
 from .load import REPORT_DIR, Experiment, load_experiment
 from .plots import write_plots
 from .table import FINAL_FRAC, comparison_cells, format_markdown, summarize_arm, table_cells, table_json
@@ -64,6 +64,8 @@ def build_report(
     aa = aa_check(exp.timing, ref.name, n_boot, seed) if ref is not None else None
     comparisons = void_unfair_timing(comparisons, aa)
     projections = {a.name: projection(a, ref, n_boot, seed, exp.timing) for a in others}
+    if aa is not None and aa.resolved:  # the projection's speed-up comes from that same timing
+        projections = {k: p and {**p, "void": UNFAIR_TIMING} for k, p in projections.items()}
     rows = table_cells(summaries, final_frac) + comparison_cells(comparisons, names, ref.name if ref else "")
     table = format_markdown(rows, names)
     text, metrics = verdict(exp.arms, summaries, comparisons, projections, target, n_boot, seed)

@@ -122,6 +122,8 @@ def projection_sentence(arm: str, ref: str, p: dict | None, step_time: Figure | 
     lo, hi = (p["published"][f"{s:g}"] for s in PUBLISHED_SHARES)
     shares = "–".join(f"{100 * s:g}%" for s in PUBLISHED_SHARES)
     text += f", and {lo['value']:.2f}x–{hi['value']:.2f}x at rollout shares of {shares} ({PUBLISHED_SOURCE})."
+    if p.get("void"):
+        text += f" Its speed-up is no finding: {p['void']}."
     return text
 
 

@@ -68,6 +68,16 @@ def test_a_failed_aa_control_voids_the_timing_figures_in_the_verdict():
     resolved_part, rest = text.split("Not resolved at this size:")
     assert "top-1 excess" in resolved_part and "rollout seconds per step" not in resolved_part
     assert "rollout seconds per step (interleaved) 0." in rest and UNFAIR_TIMING in rest
+    # the Amdahl projection takes its speed-up from the same timing: it says so
+    from marsrl.report.compare import _projection_interleaved
+    from marsrl.report.verdict import projection_sentence
+
+    t["train_seconds"] = 4.0
+    p = _projection_interleaved(t, "mars", "strict", 400, 0)
+    assert UNFAIR_TIMING not in projection_sentence("mars", "strict", p, None)
+    assert projection_sentence("mars", "strict", {**p, "void": UNFAIR_TIMING}, None).endswith(
+        f"Its speed-up is no finding: {UNFAIR_TIMING}."
+    )
 
 
 def test_step_time_and_tokens_per_s_from_the_timing():
