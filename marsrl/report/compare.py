@@ -228,7 +228,8 @@ def _time_to_target(
         return None
     value, m = stats.time_to_target_interval(a, r, target, n_boot=n_boot, seed=seed)
     extra = {k: m[k] for k in ("arm_s", "ref_s", "arm_reached", "ref_reached")}
-    extra.update(target=target, alpha=stats.EMA_ALPHA)
+    timed = step_cost(timing, arm.name) is not None or step_cost(timing, ref.name) is not None
+    extra.update(target=target, alpha=stats.EMA_ALPHA, time_axis=TIMED_AXIS if timed else "wall-clock")
     label = f"time to reward {target:g} (EMA-smoothed)"
     return Figure(label, _num(value), _num(m["low"]), _num(m["high"]), 1.0, BY_CURVES, len(a[0]), extra)
 
@@ -408,14 +409,20 @@ def _projection_interleaved(timing: dict, arm: str, ref: str, n_boot: int, seed:
 
 
 UNFAIR_TIMING = "the A/A control resolved a difference: the timing is not fair"
+TIMED_AXIS = "interleaved per-step cost"  # a time-to-level figure whose seconds come from the timing
 
 
 def void_unfair_timing(comparisons: dict[str, dict[str, Figure]], aa: Figure | None) -> dict:
     """The comparisons with every interleaved-timing figure voided (``Figure.void``) when the reference's
-    A/A copy read a resolved difference: a bias that large in the timing makes its ratios no finding."""
+    A/A copy read a resolved difference: a bias that large in the timing makes its ratios no finding,
+    and no finding of a time to a reward level measured on the timing's per-step costs either."""
     if aa is None or not aa.resolved:
         return comparisons
+
+    def timed(f: Figure) -> bool:  # the timing's ratios, and a time to a level on the timing's time axis
+        return f.interval == BY_REPEATS or (f.extra or {}).get("time_axis") == TIMED_AXIS
+
     return {
-        arm: {k: replace(f, void=UNFAIR_TIMING) if f.interval == BY_REPEATS else f for k, f in figs.items()}
+        arm: {k: replace(f, void=UNFAIR_TIMING) if timed(f) else f for k, f in figs.items()}
         for arm, figs in comparisons.items()
     }

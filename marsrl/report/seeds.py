@@ -1,7 +1,8 @@
 """Aggregate an experiment run at several seeds (``seeds: [0, 1, 2]``): every figure of each seed's
 report, its mean over the seeds and a 95% interval across seeds (Student's t on the per-seed values, n - 1
 degrees of freedom: the seeds are the independent replicates; within-seed intervals are each seed's own
-report). Pure functions over the seeds' ``table.json`` contents; ``write_seed_report`` writes
+report; a ratio's mean and interval are taken on the log scale, ``across_seeds_ratio``). Pure functions
+over the seeds' ``table.json`` contents; ``write_seed_report`` writes
 ``seeds.json`` and ``seeds.md``.
 
 Two kinds of figure are not averaged. The interleaved timing runs once per experiment, on the initial
@@ -17,6 +18,8 @@ import math
 from pathlib import Path
 
 from .compare import BY_REPEATS
+
+RATIO_NOTE = "geometric mean; t interval on the log scale"
 
 # two-sided 95% Student t quantiles t_{0.975, df}, df = 1..30; larger df use the normal quantile
 _T975 = (
@@ -47,6 +50,19 @@ def across_seeds(values: list[float]) -> dict:
     sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     half = t_quantile(n - 1) * sd / math.sqrt(n)
     return {"mean": mean, "low": mean - half, "high": mean + half, "n": n, "sd": sd}
+
+
+def across_seeds_ratio(values: list[float]) -> dict:
+    """``across_seeds`` for a ratio (null 1): on the log scale, so the interval stays positive and a
+    ratio and its inverse are treated alike. ``mean`` is the geometric mean, ``low`` / ``high`` the t
+    interval of the mean log, exponentiated; ``sd`` is on the log scale. A value <= 0 (no ratio) falls
+    back to ``across_seeds`` on the values themselves."""
+    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not xs or min(xs) <= 0:
+        return across_seeds(xs)
+    logs = across_seeds([math.log(x) for x in xs])
+    back = {k: (None if logs[k] is None else math.exp(logs[k])) for k in ("mean", "low", "high")}
+    return {**back, "n": logs["n"], "sd": logs["sd"]}
 
 
 def _number(x) -> float | None:
@@ -109,8 +125,10 @@ def aggregate(tables: dict[str, dict]) -> dict:
                     note="the level was not reached by both arms at " + ", ".join(unreached),
                 )
             else:
-                stats = across_seeds([_number(slot["per_seed"].get(s)) for s in seeds])
-                slot.update(stats, shared=False, note=None)
+                values = [_number(slot["per_seed"].get(s)) for s in seeds]
+                ratio = null == 1.0
+                stats = across_seeds_ratio(values) if ratio else across_seeds(values)
+                slot.update(stats, shared=False, note=RATIO_NOTE if ratio else None)
             void = next((f["void"] for f in these.values() if f.get("void")), "")
             if void:  # a seed's report could not read it as a finding (its timing's A/A control failed)
                 slot["note"] = f"{slot['note']}; {void}" if slot.get("note") else void

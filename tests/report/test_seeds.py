@@ -51,8 +51,10 @@ def test_aggregate_resolves_only_when_the_seeds_agree():
     assert "| rollout tokens/s | 1.2 | 1.25 | 1.22 |" in text and "3 seeds" in text
 
 
-def _fig(value, low=None, high=None, interval="bootstrap over steps, paired by step", extra=None) -> dict:
-    return {"label": "x", "value": value, "low": low, "high": high, "null": 1.0, "interval": interval,
+def _fig(
+    value, low=None, high=None, interval="bootstrap over steps, paired by step", extra=None, null=1.0
+) -> dict:
+    return {"label": "x", "value": value, "low": low, "high": high, "null": null, "interval": interval,
             "n": 8, "extra": extra or {}}  # fmt: skip
 
 
@@ -72,7 +74,7 @@ def test_one_shared_timing_is_reported_once_with_its_own_interval():
     differ = {f"seed-{i}": {"comparisons": {"mars": {"t": _fig(v, v - 0.1, v + 0.1, BY_REPEATS)}}}
               for i, v in enumerate((1.2, 1.25, 1.22))}  # fmt: skip
     slot = aggregate(differ)["comparisons"]["mars"]["t"]
-    assert not slot["shared"] and slot["low"] == pytest.approx(across_seeds([1.2, 1.25, 1.22])["low"])
+    assert not slot["shared"] and slot["low"] == pytest.approx(_log_t([1.2, 1.25, 1.22])[1])
 
 
 def test_time_to_a_level_one_arm_never_reached_is_not_averaged():
@@ -93,4 +95,40 @@ def test_time_to_a_level_one_arm_never_reached_is_not_averaged():
     assert "n/a (the level was not reached by both arms at seed-1, seed-2)" in format_markdown(agg, "e")
     tables["seed-1"]["comparisons"]["mars"]["ttt"] = _fig(0.9, extra=reached)
     tables["seed-2"]["comparisons"]["mars"]["ttt"] = _fig(0.8, extra=reached)
-    assert aggregate(tables)["comparisons"]["mars"]["ttt"]["mean"] == pytest.approx((50 / 60 + 0.9 + 0.8) / 3)
+    assert aggregate(tables)["comparisons"]["mars"]["ttt"]["mean"] == pytest.approx(
+        (50 / 60 * 0.9 * 0.8) ** (1 / 3)  # a ratio's mean across seeds is geometric
+    )
+
+
+def _log_t(xs):
+    """Slow reference: geometric mean and the 95% t interval of the mean log (scipy), exponentiated."""
+    logs = [math.log(x) for x in xs]
+    n = len(logs)
+    mean = sum(logs) / n
+    se = math.sqrt(sum((v - mean) ** 2 for v in logs) / (n - 1)) / math.sqrt(n)
+    half = scipy_stats.t.ppf(0.975, n - 1) * se
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def test_ratios_across_seeds_are_taken_on_the_log_scale():
+    """A ratio's interval across seeds is a t interval on the log scale: positive, and it holds 1 where
+    three spread-out ratios below 1 do not resolve one (the arithmetic t interval of 0.09, 0.39, 0.09 is
+    [-0.24, 0.62]: below zero, and it excludes 1). Differences keep the arithmetic interval."""
+    from marsrl.report.seeds import across_seeds_ratio
+
+    values = [0.094, 0.393, 0.089]
+    arithmetic = across_seeds(values)
+    assert arithmetic["low"] < 0 < arithmetic["high"] < 1
+    got = across_seeds_ratio(values)
+    want = _log_t(values)
+    assert (got["mean"], got["low"], got["high"]) == pytest.approx(want, rel=1e-4)
+    assert 0 < got["low"] < got["mean"] < 1 < got["high"]
+    tables = {
+        f"seed-{i}": {"comparisons": {"mars": {"ttt": _fig(v, extra={"arm_s": v, "ref_s": 1.0}),
+                                               "d": _fig(v - 0.5, null=0.0)}}}
+        for i, v in enumerate(values)
+    }  # fmt: skip
+    agg = aggregate(tables)["comparisons"]["mars"]
+    assert not agg["ttt"]["resolved"] and agg["ttt"]["low"] == pytest.approx(want[1], rel=1e-4)
+    assert agg["d"]["low"] == pytest.approx(across_seeds([v - 0.5 for v in values])["low"])
+    assert across_seeds_ratio([0.5, 0.0, 1.0]) == across_seeds([0.5, 0.0, 1.0])  # no ratio: no log

@@ -47,19 +47,30 @@ def test_a_slower_copy_fails_the_aa_control():
 def test_a_failed_aa_control_voids_the_timing_figures_in_the_verdict():
     """When the A/A copy reads a resolved difference, no timing ratio is reported as a finding: each is
     listed as not resolved, with the reason; figures from other data keep their reading."""
-    from marsrl.report.compare import BY_STEPS, UNFAIR_TIMING, Figure, void_unfair_timing
+    from marsrl.report.compare import (
+        BY_CURVES,
+        BY_STEPS,
+        TIMED_AXIS,
+        UNFAIR_TIMING,
+        Figure,
+        void_unfair_timing,
+    )
     from marsrl.report.verdict import arm_paragraph
 
     t = _timing(np.random.default_rng(1), slow=1.15)
     figs = dict(interleaved_figures(t, "mars", "strict", 400, 0))
     figs["top1_excess_diff"] = Figure("top-1 excess", 0.02, 0.01, 0.03, 0.0, BY_STEPS, 25)
+    # a time to a reward level on the timing's per-step costs falls with the timing; on wall-clock it stays
+    figs["ttt_timed"] = Figure("time to", 0.2, 0.1, 0.5, 1.0, BY_CURVES, 25, {"time_axis": TIMED_AXIS})
+    figs["ttt_wall"] = Figure("time to", 0.2, 0.1, 0.5, 1.0, BY_CURVES, 25, {"time_axis": "wall-clock"})
     assert figs["rollout_time_ratio"].resolved  # mars at 0.8 of strict's time: resolved on its own
     fair = void_unfair_timing(
         {"mars": figs}, aa_check(_timing(np.random.default_rng(0)), "strict", n_boot=400)
     )
     assert fair["mars"]["rollout_time_ratio"].resolved
     voided = void_unfair_timing({"mars": figs}, aa_check(t, "strict"))["mars"]
-    assert not any(voided[k].resolved for k in ("rollout_time_ratio", "tokens_per_s_ratio"))
+    assert not any(voided[k].resolved for k in ("rollout_time_ratio", "tokens_per_s_ratio", "ttt_timed"))
+    assert fair["mars"]["ttt_timed"].resolved and voided["ttt_wall"].resolved
     assert (
         voided["top1_excess_diff"].resolved
         and voided["rollout_time_ratio"].as_dict()["void"] == UNFAIR_TIMING
