@@ -126,7 +126,8 @@ def aggregate(tables: dict[str, dict]) -> dict:
                 )
             else:
                 values = [_number(slot["per_seed"].get(s)) for s in seeds]
-                ratio = null == 1.0
+                finite = [v for v in values if v is not None and math.isfinite(v)]
+                ratio = null == 1.0 and bool(finite) and min(finite) > 0  # else no log scale
                 stats = across_seeds_ratio(values) if ratio else across_seeds(values)
                 slot.update(stats, shared=False, note=RATIO_NOTE if ratio else None)
             void = next((f["void"] for f in these.values() if f.get("void")), "")
