@@ -20,6 +20,7 @@ from pathlib import Path
 from .compare import BY_REPEATS
 
 RATIO_NOTE = "geometric mean; t interval on the log scale"
+INTERVAL = "Student t over the per-seed values (95%); ratios on the log scale"
 
 # two-sided 95% Student t quantiles t_{0.975, df}, df = 1..30; larger df use the normal quantile
 _T975 = (
@@ -55,14 +56,14 @@ def across_seeds(values: list[float]) -> dict:
 def across_seeds_ratio(values: list[float]) -> dict:
     """``across_seeds`` for a ratio (null 1): on the log scale, so the interval stays positive and a
     ratio and its inverse are treated alike. ``mean`` is the geometric mean, ``low`` / ``high`` the t
-    interval of the mean log, exponentiated; ``sd`` is on the log scale. A value <= 0 (no ratio) falls
-    back to ``across_seeds`` on the values themselves."""
+    interval of the mean log, exponentiated; ``sd`` is on the log scale; ``log`` says which scale was
+    used: a value <= 0 (no ratio) falls back to ``across_seeds`` on the values themselves."""
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not xs or min(xs) <= 0:
-        return across_seeds(xs)
+        return {**across_seeds(xs), "log": False}
     logs = across_seeds([math.log(x) for x in xs])
     back = {k: (None if logs[k] is None else math.exp(logs[k])) for k in ("mean", "low", "high")}
-    return {**back, "n": logs["n"], "sd": logs["sd"]}
+    return {**back, "n": logs["n"], "sd": logs["sd"], "log": True}
 
 
 def _number(x) -> float | None:
@@ -96,7 +97,7 @@ def aggregate(tables: dict[str, dict]) -> dict:
     **across_seeds, "resolved", "shared", "note"}}}} from each seed's table.json (``tables``: {seed label:
     content}); see the module docstring for ``shared`` and ``note``."""
     seeds = list(tables)
-    out: dict = {"seeds": seeds, "interval": "Student t over the per-seed values (95%)", "comparisons": {}}
+    out: dict = {"seeds": seeds, "interval": INTERVAL, "comparisons": {}}
     arms: dict[str, dict] = {}
     figs: dict[tuple[str, str], dict[str, dict]] = {}
     for seed, table in tables.items():
@@ -126,10 +127,8 @@ def aggregate(tables: dict[str, dict]) -> dict:
                 )
             else:
                 values = [_number(slot["per_seed"].get(s)) for s in seeds]
-                finite = [v for v in values if v is not None and math.isfinite(v)]
-                ratio = null == 1.0 and bool(finite) and min(finite) > 0  # else no log scale
-                stats = across_seeds_ratio(values) if ratio else across_seeds(values)
-                slot.update(stats, shared=False, note=RATIO_NOTE if ratio else None)
+                stats = across_seeds_ratio(values) if null == 1.0 else across_seeds(values)
+                slot.update(stats, shared=False, note=RATIO_NOTE if stats.pop("log", False) else None)
             void = next((f["void"] for f in these.values() if f.get("void")), "")
             if void:  # a seed's report could not read it as a finding (its timing's A/A control failed)
                 slot["note"] = f"{slot['note']}; {void}" if slot.get("note") else void

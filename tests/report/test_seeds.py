@@ -114,7 +114,7 @@ def test_ratios_across_seeds_are_taken_on_the_log_scale():
     """A ratio's interval across seeds is a t interval on the log scale: positive, and it holds 1 where
     three spread-out ratios below 1 do not resolve one (the arithmetic t interval of 0.09, 0.39, 0.09 is
     [-0.24, 0.62]: below zero, and it excludes 1). Differences keep the arithmetic interval."""
-    from marsrl.report.seeds import across_seeds_ratio
+    from marsrl.report.seeds import RATIO_NOTE, across_seeds_ratio
 
     values = [0.094, 0.393, 0.089]
     arithmetic = across_seeds(values)
@@ -131,4 +131,5 @@ def test_ratios_across_seeds_are_taken_on_the_log_scale():
     agg = aggregate(tables)["comparisons"]["mars"]
     assert not agg["ttt"]["resolved"] and agg["ttt"]["low"] == pytest.approx(want[1], rel=1e-4)
     assert agg["d"]["low"] == pytest.approx(across_seeds([v - 0.5 for v in values])["low"])
-    assert across_seeds_ratio([0.5, 0.0, 1.0]) == across_seeds([0.5, 0.0, 1.0])  # no ratio: no log
+    assert across_seeds_ratio([0.5, 0.0, 1.0]) == {**across_seeds([0.5, 0.0, 1.0]), "log": False}
+    assert agg["ttt"]["note"] == RATIO_NOTE and agg["d"]["note"] is None and "log" not in agg["ttt"]
