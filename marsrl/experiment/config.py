@@ -156,8 +156,9 @@ class ExperimentConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
-    # repeats of the interleaved per-step rollout timing after training (timing.json; 0: none)
-    timing_repeats: int = 8
+    # repeats of the interleaved per-step rollout timing after training (timing.json; 0: none), rounded up
+    # to whole rotations of the timed arms (the arms and an A/A copy of the first)
+    timing_repeats: int = 9
     samples_per_step: int = 4  # trajectories with their per-token record written to samples.jsonl per step
     # torch threads of the trainer's process; None: torch's count (OMP_NUM_THREADS): the rollout workers and
     # the trainer take turns (run.trainer_threads)

@@ -34,7 +34,7 @@ from pathlib import Path
 from ..trainer.checkpoint import CHECKPOINT_COMPLETE as COMPLETE
 from ..trainer.checkpoint import check_manifest, checkpoint_step
 from .config import TINYWORLD, ArmConfig, ExperimentConfig, dump_experiment
-from .timing import AA_SUFFIX, TIMING_FILE, measure, timing_record, write_timing
+from .timing import AA_SUFFIX, TIMING_FILE, measure, timing_record, whole_rotations, write_timing
 
 
 class ExperimentError(RuntimeError):
@@ -535,7 +535,8 @@ def run_experiment(
             run_arm(scfg, arm, sources, data, resume, progress)
             say(f"[{i + 1}/{len(cfg.arms)}] {arm.name}{at} done in {time.perf_counter() - started:.0f} s")
     if cfg.timing_repeats and is_main_process() and not (resume and (root / TIMING_FILE).is_file()):
-        say(f"timing every arm's rollout, interleaved ({cfg.timing_repeats} repeats)")
+        repeats = whole_rotations(cfg.timing_repeats, len(cfg.arms) + 1)  # the arms and the A/A copy
+        say(f"timing every arm's rollout, interleaved ({repeats} repeats)")
         try:
             run_timing(cfg.for_seed(seeds[0]), sources, data, root, progress)
         except KeyboardInterrupt:
@@ -570,9 +571,10 @@ def run_timing(cfg: ExperimentConfig, sources: Sources, data, root: Path, progre
     torch.set_num_threads(trainer_threads(cfg, threads))
     for pool in pools.values():  # warm-up: first-call allocations stay out of the figures
         pool.generate(prompt_ids[:1], dataclasses.replace(sampling, n=1))
-    arms = measure(pools, prompt_ids, sampling, cfg.timing_repeats, say=print if progress else None)
+    repeats = whole_rotations(cfg.timing_repeats, len(pools))  # every arm in every position equally often
+    arms = measure(pools, prompt_ids, sampling, repeats, say=print if progress else None)
     rows = _rows(arm_dir(cfg, reference) / "metrics.jsonl")
-    record = timing_record(arms, reference.name, cfg.timing_repeats, n_prompts, group, rows)
+    record = timing_record(arms, reference.name, repeats, n_prompts, group, rows)
     write_timing(root, record)
     return record
 

@@ -5,7 +5,9 @@ each runs. What differs between arms is the rollout (the rule changes how many t
 forward accepts; the trainer's forward and backward see completions of the same length distribution),
 so after training the job times one step's rollout of every arm round-robin in this process, with the
 same threads, prompts and seed, the arms' order rotated each repeat: load that drifts over the minutes
-falls on every arm alike. A copy of the reference arm (``<reference> (A/A)``) runs in the rotation as a
+falls on every arm alike. The repeats are rounded up to whole rotations (``whole_rotations``), so every
+arm runs in every position equally often: a position effect (the call after another pool's) cannot fall
+on one arm more than another. A copy of the reference arm (``<reference> (A/A)``) runs in the rotation as a
 control: its ratio to the reference must read 1.00 within its interval.
 
 Every arm times the experiment's initial policy and drafter (the rule's effect on the same models,
@@ -39,12 +41,21 @@ def rotation(names: list[str], repeat: int) -> list[str]:
     return names[k:] + names[:k]
 
 
+def whole_rotations(repeats: int, n_arms: int) -> int:
+    """``repeats`` rounded up to a multiple of ``n_arms`` (0 stays 0): whole rotations, so each arm is
+    timed in each position of the order the same number of times."""
+    if n_arms < 1:
+        raise ValueError(f"n_arms must be >= 1, got {n_arms}")
+    return -(-repeats // n_arms) * n_arms
+
+
 def measure(
     pools: dict, prompt_ids: list[list[int]], sampling, repeats: int, clock=time.perf_counter, say=None
 ):
     """{name: {"seconds": [...], "tokens": [...]}}: ``pools[name].generate(prompt_ids, sampling)`` timed
     ``repeats`` times per pool, round-robin in rotated order (``rotation``); the same sampling (seed
-    included) every time, so every repeat of an arm does the same work."""
+    included) every time, so every repeat of an arm does the same work. The caller picks ``repeats``
+    (``whole_rotations`` balances the positions)."""
     names = list(pools)
     out = {n: {"seconds": [0.0] * repeats, "tokens": [0] * repeats} for n in names}
     for r in range(repeats):

@@ -108,11 +108,12 @@ PRESETS: dict[str, TinyWorldConfig] = {
         num_kv_heads=2,
         intermediate_size=384,
         sft=SFTConfig(steps=900, batch_size=16, lr=3e-3, warmup=30),
-        # the head sets tau: 320 TTT steps on 1,024 of the target's own responses (bench/tinyworld.py
-        # measures tau; a head trained on half the responses for a third of the steps drafts far worse)
+        # the head sets tau: 192 TTT steps (3 epochs) on 1,024 of the target's own responses
+        # (bench/tinyworld.py measures tau; a head trained on half the responses for a third of the steps
+        # drafts far worse; 5 epochs cost 40-50 s more of the first run for a head the run refreshes anyway)
         n_draft_prompts=1024,
         draft_vocab_size=320,
-        draft_epochs=5,
+        draft_epochs=3,
         draft_batch_size=16,
         draft_lr=3e-3,
         max_new_tokens=128,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from marsrl.experiment.timing import measure, rotation, train_seconds
+from marsrl.experiment.timing import measure, rotation, train_seconds, whole_rotations
 
 
 class _Traj:
@@ -27,6 +27,21 @@ def test_rotation_puts_every_arm_first_in_turn():
     names = ["strict", "mars", "strict (A/A)"]
     assert [rotation(names, r)[0] for r in range(3)] == names
     assert rotation(names, 4) == ["mars", "strict (A/A)", "strict"]
+
+
+def test_whole_rotations_put_every_arm_in_every_position_equally_often():
+    names = ["strict", "mars", "strict (A/A)"]
+    assert [whole_rotations(r, 3) for r in (0, 1, 3, 8, 9)] == [0, 3, 3, 9, 9]
+    assert whole_rotations(8, 4) == 8
+    for repeats in (whole_rotations(8, 3), whole_rotations(5, 3)):
+        positions = {n: [rotation(names, r).index(n) for r in range(repeats)] for n in names}
+        for n in names:  # each name in each position the same number of times
+            assert sorted(positions[n]) == sorted(positions["strict"])
+    # 8 raw repeats of 3 names: unbalanced (the reason for rounding up)
+    raw = {n: [rotation(names, r).index(n) for r in range(8)].count(0) for n in names}
+    assert len(set(raw.values())) > 1
+    with pytest.raises(ValueError, match="n_arms"):
+        whole_rotations(3, 0)
 
 
 def test_measure_times_each_call_round_robin():
