@@ -77,6 +77,14 @@ def _eval_parts(evaluation: dict | None, part: str) -> dict[str, dict]:
     }
 
 
+def learning(evaluation: dict | None) -> dict[str, dict]:
+    """eval.json's ``comparison``: after − before on the same held-out problems for each evaluation
+    setting ({"t1": {diff, ci_low, ci_high, p_two_sided, n, before, after, ...}, ...}); only the settings
+    with a finite difference."""
+    got = (evaluation or {}).get("comparison") or {}
+    return {k: v for k, v in got.items() if isinstance(v, dict) and finite(v.get("diff"))}
+
+
 def summarize_arm(arm: Arm, frac: float = FINAL_FRAC) -> dict:
     """Every figure of the table for one arm (flat keys; ``None`` where the arm logged nothing)."""
     rows = arm.rows
@@ -90,6 +98,10 @@ def summarize_arm(arm: Arm, frac: float = FINAL_FRAC) -> dict:
             key = f"acc_{name}_{part}" if name else f"acc_{part}"
             for k, v in result.items():
                 out[key if k == "accuracy" else f"{key}_{k}"] = v
+    for name, c in learning(arm.eval).items():
+        out[f"gain_{name}"] = c["diff"]
+        for k in ("ci_low", "ci_high", "p_two_sided", "n"):
+            out[f"gain_{name}_{k}"] = c.get(k)
     tau = (arm.eval or {}).get("tau")
     out["eval_tau"] = tau if finite(tau) else None
     out["wall_s"] = max(values(rows, "wall_s"), default=None)
@@ -146,6 +158,17 @@ def _accuracy(s: dict, key: str) -> str | None:
     return text + (f" n={int(n)}" if n is not None else "")
 
 
+def _gain(s: dict, key: str) -> str | None:
+    """after − before in percentage points, its paired interval and the exact McNemar p."""
+    if s.get(key) is None:
+        return None
+    lo, hi, p = s.get(f"{key}_ci_low"), s.get(f"{key}_ci_high"), s.get(f"{key}_p_two_sided")
+    text = f"{100 * s[key]:+.1f} pt"
+    if lo is not None and hi is not None:
+        text += f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    return text + (f" p={p:.2g}" if p is not None else "")
+
+
 def _rate_vs_expected(s: dict, key: str) -> str | None:
     if s.get(key) is None:
         return None
@@ -170,6 +193,8 @@ ROWS: tuple[Row, ...] = (
     Row("held-out accuracy at T = 1, after [95% CI]", "acc_t1_after", _accuracy),
     Row("held-out greedy accuracy, before [95% CI]", "acc_greedy_before", _accuracy),
     Row("held-out greedy accuracy, after [95% CI]", "acc_greedy_after", _accuracy),
+    Row("held-out T = 1, after − before [95% CI], McNemar p", "gain_t1", _gain),
+    Row("held-out greedy, after − before [95% CI], McNemar p", "gain_greedy", _gain),
     Row("tau at the end (eval.json)", "eval_tau", _num(".3f")),
     Row("wall-clock (s)", "wall_s", _num(".1f")),
     Row("step time (s, mean)", "step_seconds", _num(".2f")),

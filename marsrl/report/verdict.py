@@ -1,6 +1,8 @@
 """The verdict: plain words from the comparisons (``compare``), every arm against the reference arm (the
 strict one; the first arm when none is strict).
 
+It opens with whether each arm learned: held-out accuracy after training against before, paired over the
+same problems (``eval.json``'s ``comparison``), "rose" or "fell" only where the 95% interval excludes 0.
 It claims only what an interval resolves: for each arm it first names the figures whose 95% interval
 excludes "no difference" (1 for a ratio, 0 for a difference), then lists the rest as "not resolved at this
 size", then what could not be compared and why.  A projection of the step-time effect (Amdahl's law at
@@ -16,6 +18,9 @@ import math
 from . import stats
 from .compare import PUBLISHED_SHARES, PUBLISHED_SOURCE, Figure
 from .load import Arm
+from .table import learning
+
+SETTING_NAMES = {"t1": "T = 1", "greedy": "greedy"}
 
 NOT_RESOLVED = "not resolved at this size"
 
@@ -159,6 +164,42 @@ ONE_RUN = (
 )
 
 
+def learning_paragraph(arms: list[Arm]) -> tuple[str | None, dict]:
+    """(a sentence per arm on its held-out accuracy after training against before, {arm: {setting:
+    comparison}}); None when no arm carries a before/after comparison."""
+    parts, metrics = [], {}
+    for arm in arms:
+        got = learning(arm.eval)
+        if not got:
+            continue
+        metrics[arm.name] = got
+        phrases = []
+        for name, c in got.items():
+            lo, hi = c.get("ci_low"), c.get("ci_high")
+            resolved = finite_pair(lo, hi) and (lo > 0 or hi < 0)
+            word = ("rose" if c["diff"] > 0 else "fell") if resolved else NOT_RESOLVED
+            interval = f" [{100 * lo:+.1f}, {100 * hi:+.1f}]" if finite_pair(lo, hi) else ""
+            p = c.get("p_two_sided")
+            test = f", exact McNemar p = {p:.2g}" if isinstance(p, (int, float)) else ""
+            phrases.append(
+                f"{SETTING_NAMES.get(name, name)} {c['before']:.3f} → {c['after']:.3f}, "
+                f"{100 * c['diff']:+.1f} pt{interval}{test}: {word}"
+            )
+        n = next(iter(got.values())).get("n")
+        parts.append(f"{arm.name} ({n} problems): {'; '.join(phrases)}.")
+    if not parts:
+        return None, {}
+    head = (
+        "Learning (held-out accuracy after training minus before, paired over the same problems; 95% "
+        "paired-bootstrap interval): "
+    )
+    return head + " ".join(parts), metrics
+
+
+def finite_pair(lo, hi) -> bool:
+    return all(isinstance(x, (int, float)) and math.isfinite(x) for x in (lo, hi))
+
+
 def verdict(
     arms: list[Arm],
     summaries: dict[str, dict],
@@ -174,9 +215,11 @@ def verdict(
         return "No arms.", {}
     r = summaries[ref.name]
     others = [a for a in arms if a is not ref]
+    learned, learned_metrics = learning_paragraph([ref, *others])
     if not others:
         reward = f"mean reward {r['mean_reward']:.3f}" if r.get("mean_reward") is not None else "no reward"
-        return f"Only one arm ({ref.name}, {reward}); nothing to compare.", {}
+        one = f"Only one arm ({ref.name}, {reward}); nothing to compare."
+        return "\n\n".join(x for x in (learned, one) if x), ({"learning": learned_metrics} if learned else {})
     comparisons = comparisons or {}
     projections = projections or {}
     lead = (
@@ -199,7 +242,9 @@ def verdict(
             paragraphs.append(sentence)
             projected[arm.name] = projections[arm.name]
     metrics["projection"] = projected
+    metrics["learning"] = learned_metrics
     paragraphs.append(METHOD.format(n_boot=n_boot, seed=seed, alpha=stats.EMA_ALPHA))
     if any(k.startswith("heldout_") for figs in comparisons.values() for k in figs):
         paragraphs.append(ONE_RUN)
-    return "\n\n".join([" ".join([*lead, paragraphs[0]]), *paragraphs[1:]]), metrics
+    head = [learned] if learned else []
+    return "\n\n".join([*head, " ".join([*lead, paragraphs[0]]), *paragraphs[1:]]), metrics

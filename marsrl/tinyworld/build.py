@@ -108,12 +108,14 @@ PRESETS: dict[str, TinyWorldConfig] = {
         num_kv_heads=2,
         intermediate_size=384,
         sft=SFTConfig(steps=900, batch_size=16, lr=3e-3, warmup=30),
-        # the head sets tau: 192 TTT steps (3 epochs) on 1,024 of the target's own responses
-        # (bench/tinyworld.py measures tau; a head trained on half the responses for a third of the steps
-        # drafts far worse; 5 epochs cost 40-50 s more of the first run for a head the run refreshes anyway)
+        # the head sets tau: 320 TTT steps on 1,024 of the target's own responses (bench/tinyworld.py
+        # measures tau; a head trained on half the responses for a third of the steps drafts far worse;
+        # 3 epochs instead of 5 save about 50 s of the first run, but the head starts 14% lower in tau and
+        # the main job's interleaved timing (the initial head) read mars at 1.18x strict's tokens/s, where
+        # runs with 5 epochs read 1.39-1.40x: docs/benchmarks.md)
         n_draft_prompts=1024,
         draft_vocab_size=320,
-        draft_epochs=3,
+        draft_epochs=5,
         draft_batch_size=16,
         draft_lr=3e-3,
         max_new_tokens=128,

@@ -188,3 +188,43 @@ def test_projection_takes_the_interleaved_timing_when_there_is_one():
     rows = projection(mars, strict, n_boot=200, seed=0)  # no timing: the per-step rows
     assert rows["basis"] == "per-step rows" and rows["speedup"] != pytest.approx(r)
     assert "(interleaved timing)" in projection_sentence("mars", "strict", p, None)
+
+
+def _learned_arm(name: str, before: list[int], after: list[int], rule: str) -> Arm:
+    from marsrl.experiment.evaluate import compare_evals
+
+    res = lambda c: {"accuracy": sum(c) / len(c), "ci_low": 0.0, "ci_high": 1.0, "n": len(c), "correct": c}  # noqa: E731
+    b, a = {"t1": res(before[0]), "greedy": res(before[1])}, {"t1": res(after[0]), "greedy": res(after[1])}
+    ev = {"before": b, "after": a, "comparison": compare_evals(b, a, n_boot=2000)}
+    rows = [{"step": s, "wall_s": s + 1.0, "train/reward": 0.3} for s in range(5)]
+    return Arm(name=name, path=Path(name), config={"arm": {"rule": rule}}, rows=rows, eval=ev)
+
+
+def test_verdict_opens_with_whether_each_arm_learned():
+    # 400 problems: strict gains 60 and loses 10 at T = 1 (a resolved rise), greedy is unchanged
+    # (20 gains, 20 losses); mars loses 60 and gains 10 at T = 1 (a resolved fall)
+    n = 400
+    before = [0] * 70 + [1] * 10 + [0] * 320
+    after = [1] * 60 + [0] * 10 + [0] * 10 + [0] * 320
+    flat_b, flat_a = [1] * 20 + [0] * 20 + [1] * 100 + [0] * 260, [0] * 20 + [1] * 20 + [1] * 100 + [0] * 260
+    assert len(before) == len(after) == len(flat_b) == len(flat_a) == n
+    strict = _learned_arm("strict", (before, flat_b), (after, flat_a), "strict")
+    mars = _learned_arm("mars", (after, flat_b), (before, flat_a), "mars")
+    arms = [strict, mars]
+    summaries = {a.name: summarize_arm(a) for a in arms}
+    text, metrics = verdict(arms, summaries, {"mars": {}})
+    first = text.split("\n\n")[0]
+    assert first.startswith("Learning (held-out accuracy after training minus before")
+    s_part, m_part = first.split("strict (400 problems): ")[1].split(" mars (400 problems): ")
+    assert s_part.startswith("T = 1 0.025 → 0.150, +12.5 pt [") and ": rose;" in s_part
+    assert "greedy 0.300 → 0.300, +0.0 pt" in s_part and s_part.endswith(f": {NOT_RESOLVED}.")
+    assert m_part.startswith("T = 1 0.150 → 0.025, -12.5 pt [") and ": fell;" in m_part
+    c = metrics["learning"]["strict"]["t1"]
+    assert c["ci_low"] > 0 and c["p_two_sided"] < 1e-6  # 60 of 70 discordant problems
+    # the table carries the same figures
+    assert summaries["strict"]["gain_t1"] == pytest.approx(0.125)
+    assert summaries["mars"]["gain_t1_p_two_sided"] == pytest.approx(c["p_two_sided"])
+    # no before/after comparison (older eval.json files): no learning paragraph
+    plain = [Arm(name=a.name, path=a.path, config=a.config, rows=a.rows, eval=None) for a in arms]
+    text2, metrics2 = verdict(plain, {a.name: summarize_arm(a) for a in plain}, {"mars": {}})
+    assert not text2.startswith("Learning") and metrics2["learning"] == {}
