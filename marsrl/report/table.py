@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .base import finite
+from .base import finite, learning
 from .load import Arm
 
 FINAL_FRAC = 0.2
@@ -75,14 +75,6 @@ def _eval_parts(evaluation: dict | None, part: str) -> dict[str, dict]:
         name: {k: r.get(k) if finite(r.get(k)) else None for k in ("accuracy", "ci_low", "ci_high", "n")}
         for name, r in results.items()
     }
-
-
-def learning(evaluation: dict | None) -> dict[str, dict]:
-    """eval.json's ``comparison``: after − before on the same held-out problems for each evaluation
-    setting ({"t1": {diff, ci_low, ci_high, p_two_sided, n, before, after, ...}, ...}); only the settings
-    with a finite difference."""
-    got = (evaluation or {}).get("comparison") or {}
-    return {k: v for k, v in got.items() if isinstance(v, dict) and finite(v.get("diff"))}
 
 
 def summarize_arm(arm: Arm, frac: float = FINAL_FRAC) -> dict:

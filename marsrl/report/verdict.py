@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 
 from . import stats
+from .base import learning
 from .compare import PUBLISHED_SHARES, PUBLISHED_SOURCE, Figure
 from .load import Arm
-from .table import learning
 
 SETTING_NAMES = {"t1": "T = 1", "greedy": "greedy"}
 
