@@ -9,7 +9,10 @@ Two kinds of figure are not averaged. The interleaved timing runs once per exper
 policy, so its ratios are one measurement that every seed's report repeats: they are reported once, with
 their own interval over the timing repeats (``shared``). A time to a reward level is a ratio only when
 both arms reach the level; where either does not in some seed, its per-seed value is a convention (0 or
-inf), so no mean or interval is formed (``note`` says where)."""
+inf), so no mean or interval is formed (``note`` says where).
+
+Each arm's learning (held-out accuracy after training minus before, ``aggregate_learning``) is
+aggregated the same way: per-seed gains with their exact McNemar p, the mean gain and its t interval."""
 
 from __future__ import annotations
 
@@ -140,6 +143,28 @@ def aggregate(tables: dict[str, dict]) -> dict:
                 and not (slot["low"] <= null <= slot["high"])
             )
     out["comparisons"] = arms
+    out["learning"] = aggregate_learning(tables)
+    return out
+
+
+def aggregate_learning(tables: dict[str, dict]) -> dict:
+    """{arm: {setting: {"per_seed": {seed: after − before}, "p": {seed: exact McNemar p}, **across_seeds,
+    "resolved"}}}: each seed's held-out gain (its ``table.json`` verdict metrics, ``learning``), the mean
+    gain across seeds with its t interval, resolved where that interval excludes 0."""
+    seeds = list(tables)
+    out: dict[str, dict] = {}
+    for seed, table in tables.items():
+        learned = ((table.get("verdict") or {}).get("metrics") or {}).get("learning") or {}
+        for arm, settings in learned.items():
+            for name, c in settings.items():
+                slot = out.setdefault(arm, {}).setdefault(name, {"per_seed": {}, "p": {}})
+                slot["per_seed"][seed] = _number(c.get("diff"))
+                slot["p"][seed] = _number(c.get("p_two_sided"))
+    for settings in out.values():
+        for slot in settings.values():
+            slot.update(across_seeds([slot["per_seed"].get(s) for s in seeds]))
+            lo, hi = slot["low"], slot["high"]
+            slot["resolved"] = lo is not None and hi is not None and not (lo <= 0.0 <= hi)
     return out
 
 
@@ -162,6 +187,25 @@ def format_markdown(agg: dict, experiment: str) -> str:
                 ci = f"{ci} ({slot['note']})" if slot["mean"] is not None else f"n/a ({slot['note']})"
             lines.append(f"| {slot['label']} | {per} | {ci} | {'yes' if slot['resolved'] else 'no'} |")
         lines.append("")
+    learning = agg.get("learning") or {}
+    if learning:
+        lines += ["## Learning: held-out accuracy after training minus before", ""]
+        lines.append("| arm, setting | " + " | ".join(seeds) + " | mean [95% CI] | resolved |")
+        lines.append("|---|" + "---:|" * len(seeds) + "---:|:---:|")
+        for arm, settings in learning.items():
+            for name, slot in settings.items():
+                cells = []
+                for seed in seeds:
+                    d, p = slot["per_seed"].get(seed), slot["p"].get(seed)
+                    cells.append(
+                        "n/a" if d is None else f"{100 * d:+.1f} pt" + ("" if p is None else f" (p {p:.2g})")
+                    )
+                pt = lambda x: "n/a" if x is None else f"{100 * x:+.1f}"  # noqa: E731
+                ci = f"{pt(slot['mean'])} pt [{pt(slot['low'])}, {pt(slot['high'])}]"
+                lines.append(
+                    f"| {arm}, {name} | {' | '.join(cells)} | {ci} | {'yes' if slot['resolved'] else 'no'} |"
+                )
+        lines += ["", "Per seed: the gain with its exact McNemar p over the same problems.", ""]
     return "\n".join(lines)
 
 

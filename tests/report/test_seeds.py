@@ -133,3 +133,26 @@ def test_ratios_across_seeds_are_taken_on_the_log_scale():
     assert agg["d"]["low"] == pytest.approx(across_seeds([v - 0.5 for v in values])["low"])
     assert across_seeds_ratio([0.5, 0.0, 1.0]) == {**across_seeds([0.5, 0.0, 1.0]), "log": False}
     assert agg["ttt"]["note"] == RATIO_NOTE and agg["d"]["note"] is None and "log" not in agg["ttt"]
+
+
+def test_learning_is_aggregated_across_seeds():
+    """Each seed's held-out gain (after - before) from its verdict metrics; the mean gain's t interval
+    across seeds decides "resolved" (strict: +10, +12, +11 pt agree; mars: +8, -6, +2 pt do not)."""
+
+    def table(strict_diff, mars_diff):
+        c = lambda d: {"diff": d, "p_two_sided": 0.001 if abs(d) > 0.05 else 0.5}  # noqa: E731
+        learned = {"strict": {"t1": c(strict_diff)}, "mars": {"t1": c(mars_diff)}}
+        return {"comparisons": {}, "verdict": {"metrics": {"learning": learned}}}
+
+    tables = {"seed-0": table(0.10, 0.08), "seed-1": table(0.12, -0.06), "seed-2": table(0.11, 0.02)}
+    agg = aggregate(tables)["learning"]
+    strict, mars = agg["strict"]["t1"], agg["mars"]["t1"]
+    assert strict["mean"] == pytest.approx(0.11) and strict["resolved"]
+    assert strict["low"] == pytest.approx(0.11 - 4.3027 * 0.01 / math.sqrt(3), rel=1e-4)
+    assert mars["mean"] == pytest.approx(0.04 / 3) and not mars["resolved"]
+    assert strict["p"] == {"seed-0": 0.001, "seed-1": 0.001, "seed-2": 0.001}
+    md = format_markdown(aggregate(tables), "exp")
+    assert "## Learning: held-out accuracy after training minus before" in md
+    assert "| strict, t1 | +10.0 pt (p 0.001) | +12.0 pt (p 0.001) | +11.0 pt (p 0.001) | +11.0 pt [" in md
+    # tables without verdict metrics (older reports): no learning section
+    assert aggregate({"seed-0": {"comparisons": {}}})["learning"] == {}
