@@ -318,3 +318,12 @@ def test_seeds_run_every_arm_per_seed_and_the_report_aggregates(tmp_path):
     slot = agg["comparisons"]["mars_l0.9"]["top2_excess_diff"]
     assert set(slot["per_seed"]) == {"seed-0", "seed-1"} and slot["n"] == 2
     assert "## mars_l0.9 vs the reference" in (root / "report" / "seeds.md").read_text()
+    # each arm's held-out gain per seed, read from the seeds' own eval.json comparisons
+    gain = agg["learning"]["strict"]["t1"]
+    for seed in (0, 1):
+        ev = json.loads((root / f"seed-{seed}" / "strict" / "eval.json").read_text())
+        assert gain["per_seed"][f"seed-{seed}"] == pytest.approx(ev["comparison"]["t1"]["diff"])
+    assert (
+        "## Learning: held-out accuracy after training minus before"
+        in (root / "report" / "seeds.md").read_text()
+    )
