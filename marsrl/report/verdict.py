@@ -181,9 +181,10 @@ def learning_paragraph(arms: list[Arm]) -> tuple[str | None, dict]:
             interval = f" [{100 * lo:+.1f}, {100 * hi:+.1f}]" if finite_pair(lo, hi) else ""
             p = c.get("p_two_sided")
             test = f", exact McNemar p = {p:.2g}" if isinstance(p, (int, float)) else ""
+            b, a = c.get("before"), c.get("after")
+            levels = f" {b:.3f} → {a:.3f}," if finite_pair(b, a) else ""
             phrases.append(
-                f"{SETTING_NAMES.get(name, name)} {c['before']:.3f} → {c['after']:.3f}, "
-                f"{100 * c['diff']:+.1f} pt{interval}{test}: {word}"
+                f"{SETTING_NAMES.get(name, name)}{levels} {100 * c['diff']:+.1f} pt{interval}{test}: {word}"
             )
         n = next(iter(got.values())).get("n")
         parts.append(f"{arm.name} ({n} problems): {'; '.join(phrases)}.")
@@ -197,7 +198,8 @@ def learning_paragraph(arms: list[Arm]) -> tuple[str | None, dict]:
 
 
 def finite_pair(lo, hi) -> bool:
-    return all(isinstance(x, (int, float)) and math.isfinite(x) for x in (lo, hi))
+    """Both ends are finite numbers."""
+    return all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in (lo, hi))
 
 
 def verdict(
