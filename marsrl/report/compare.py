@@ -226,10 +226,15 @@ def _time_to_target(
     a, r = curve(arm), curve(ref)
     if not a[0] or not r[0]:
         return None
-    value, m = stats.time_to_target_interval(a, r, target, n_boot=n_boot, seed=seed)
+    value, m = stats.time_to_target_interval(a, r, target, n_boot=n_boot, seed=seed, warmup=stats.EMA_WARMUP)
     extra = {k: m[k] for k in ("arm_s", "ref_s", "arm_reached", "ref_reached")}
     timed = step_cost(timing, arm.name) is not None or step_cost(timing, ref.name) is not None
-    extra.update(target=target, alpha=stats.EMA_ALPHA, time_axis=TIMED_AXIS if timed else "wall-clock")
+    extra.update(
+        target=target,
+        alpha=stats.EMA_ALPHA,
+        warmup=stats.EMA_WARMUP,
+        time_axis=TIMED_AXIS if timed else "wall-clock",
+    )
     label = f"time to reward {target:g} (EMA-smoothed)"
     return Figure(label, _num(value), _num(m["low"]), _num(m["high"]), 1.0, BY_CURVES, len(a[0]), extra)
 

@@ -38,6 +38,9 @@ N_BOOT = 2000
 SEED = 0
 EMA_ALPHA = 0.1
 """Weight of the newest step in the smoothed reward (a memory of about 1 / alpha = 10 steps)."""
+EMA_WARMUP = math.ceil(1 / EMA_ALPHA)
+"""Steps the smoothed reward must have averaged before a time to a level counts a passage: earlier, the
+debiased average rests on a few noisy steps (one step's batch reaching the level is not the curve)."""
 
 
 # ---- smoothing ---------------------------------------------------------------------------------------
@@ -206,26 +209,36 @@ def newcombe_difference(k1: int, n1: int, k2: int, n2: int, level: float = LEVEL
 # ---- time to a reward level --------------------------------------------------------------------------
 
 
-def first_passage(curve: Sequence[float | None], target: float) -> int | None:
-    """Index of the first value of ``curve`` at or above ``target``; None if it never gets there."""
+def first_passage(curve: Sequence[float | None], target: float, start: int = 0) -> int | None:
+    """Index of the first value of ``curve`` at or above ``target`` from index ``start`` on; None if it
+    never gets there."""
     for i, v in enumerate(curve):
-        if v is not None and v >= target:
+        if i >= start and v is not None and v >= target:
             return i
     return None
 
 
 def time_to_target(
-    rewards: Sequence[float], durations: Sequence[float], target: float, alpha: float = EMA_ALPHA
+    rewards: Sequence[float],
+    durations: Sequence[float],
+    target: float,
+    alpha: float = EMA_ALPHA,
+    warmup: int = 0,
 ) -> tuple[float | None, dict]:
-    """Seconds until the smoothed (``ema``) reward first reaches ``target``: the summed durations of the
-    steps up to and including that step.  Metrics: ``step_index`` (None when never reached)."""
-    i = first_passage(ema(rewards, alpha), target)
+    """Seconds until the smoothed (``ema``) reward first reaches ``target``, counting only from the
+    ``warmup``-th step on (``EMA_WARMUP`` in the report): the summed durations of the steps up to and
+    including that step.  Metrics: ``step_index`` (None when never reached)."""
+    i = first_passage(ema(rewards, alpha), target, start=max(0, warmup - 1))
     return (None if i is None else float(sum(durations[: i + 1]))), {"step_index": i}
 
 
-def _passage_times(rewards: np.ndarray, durations: np.ndarray, target: float, alpha: float) -> np.ndarray:
-    """First-passage time of each row ([R, T] -> [R]); +inf where a row never reaches ``target``."""
+def _passage_times(
+    rewards: np.ndarray, durations: np.ndarray, target: float, alpha: float, warmup: int = 0
+) -> np.ndarray:
+    """First-passage time of each row ([R, T] -> [R]) from the ``warmup``-th step on; +inf where a row
+    never reaches ``target`` there."""
     hit = _ema_rows(rewards, alpha) >= target
+    hit[..., : max(0, warmup - 1)] = False
     first = hit.argmax(axis=-1)
     times = np.cumsum(durations, axis=-1)[np.arange(len(first)), first]
     return np.where(hit.any(axis=-1), times, np.inf)
@@ -249,10 +262,12 @@ def time_to_target_interval(
     n_boot: int = N_BOOT,
     seed: int = SEED,
     level: float = LEVEL,
+    warmup: int = 0,
 ) -> tuple[float, dict]:
     """Ratio of the arm's time to ``target`` over the reference's (each ``(rewards [T], durations [T])``,
     every step with both), with a residual-bootstrap interval (see the module docstring; the arms are
-    resampled independently).  A draw in which the arm never reaches the target counts as an infinite
+    resampled independently); passages count from the ``warmup``-th step on (``time_to_target``).  A
+    draw in which the arm never reaches the target counts as an infinite
     ratio, one in which only the reference never does as zero; neither reaching is left out.
 
     Value: by the same convention (0 when only the arm reaches the target on its own curve, inf when only
@@ -260,11 +275,11 @@ def time_to_target_interval(
     ``arm_s``, ``ref_s`` (seconds, None if never reached), ``arm_reached`` / ``ref_reached`` (share of
     draws that reached it), ``n_boot``, ``level``.
     """
-    t_arm, _ = time_to_target(*arm, target, alpha)
-    t_ref, _ = time_to_target(*ref, target, alpha)
+    t_arm, _ = time_to_target(*arm, target, alpha, warmup)
+    t_ref, _ = time_to_target(*ref, target, alpha, warmup)
     rng = np.random.default_rng(seed)
-    ta = _passage_times(*_resampled_curves(*arm, alpha, n_boot, rng), target, alpha)
-    tr = _passage_times(*_resampled_curves(*ref, alpha, n_boot, rng), target, alpha)
+    ta = _passage_times(*_resampled_curves(*arm, alpha, n_boot, rng), target, alpha, warmup)
+    tr = _passage_times(*_resampled_curves(*ref, alpha, n_boot, rng), target, alpha, warmup)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(np.isinf(ta) & np.isinf(tr), np.nan, ta / tr)
     ratio = np.where(np.isinf(ta) & ~np.isinf(tr), np.inf, ratio)

@@ -151,7 +151,8 @@ METHOD = (
     "Intervals are 95% percentile bootstraps ({n_boot} resamples, seed {seed}): over steps paired by step "
     "number for the rates, ratios and bias figures; over held-out problems paired by problem for accuracy "
     "(exact McNemar test beside it); for the time to a reward level, a residual bootstrap of each arm's "
-    "reward curve smoothed by a debiased exponential moving average (alpha {alpha}). Each interval stands "
+    "reward curve smoothed by a debiased exponential moving average (alpha {alpha}; a passage counts from "
+    "step {warmup} on, once the average spans that many steps). Each interval stands "
     "on its own (no adjustment for the number of figures compared); steps are resampled as exchangeable."
 )
 
@@ -245,7 +246,7 @@ def verdict(
             projected[arm.name] = projections[arm.name]
     metrics["projection"] = projected
     metrics["learning"] = learned_metrics
-    paragraphs.append(METHOD.format(n_boot=n_boot, seed=seed, alpha=stats.EMA_ALPHA))
+    paragraphs.append(METHOD.format(n_boot=n_boot, seed=seed, alpha=stats.EMA_ALPHA, warmup=stats.EMA_WARMUP))
     if any(k.startswith("heldout_") for figs in comparisons.values() for k in figs):
         paragraphs.append(ONE_RUN)
     head = [learned] if learned else []

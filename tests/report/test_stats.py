@@ -136,14 +136,40 @@ def test_newcombe_matches_the_published_examples(counts, published):
     assert (m["low"], m["high"]) == pytest.approx(published, abs=5e-5)
 
 
-def _first_passage_time_loop(rewards, durations, target, alpha):
+def _first_passage_time_loop(rewards, durations, target, alpha, warmup=0):
     smooth = ema(rewards, alpha)
     elapsed = 0.0
-    for s, d in zip(smooth, durations, strict=True):
+    for step, (s, d) in enumerate(zip(smooth, durations, strict=True), start=1):
         elapsed += d
-        if s >= target:
+        if step >= warmup and s >= target:
             return elapsed
     return math.inf
+
+
+@pytest.mark.parametrize("warmup", [3, 10])
+def test_passage_times_with_a_warmup_equal_a_loop(warmup):
+    """Seed 11, 40 curves of 25 steps: the vectorised passage times with a warm-up equal the loop's, and
+    the warm-up moves some passages later (the noisy early steps no longer count)."""
+    rng = np.random.default_rng(11)
+    rewards = np.clip(np.linspace(0.1, 0.6, 25) + rng.normal(0, 0.15, size=(40, 25)), 0, 1)
+    durations = rng.uniform(1, 3, size=(40, 25))
+    got = stats._passage_times(rewards.copy(), durations, 0.4, 0.1, warmup)
+    want = [
+        _first_passage_time_loop(r.tolist(), d.tolist(), 0.4, 0.1, warmup)
+        for r, d in zip(rewards, durations, strict=True)
+    ]
+    assert got.tolist() == pytest.approx(want)
+    early = stats._passage_times(rewards.copy(), durations, 0.4, 0.1)
+    assert (got >= early).all() and (got > early).any()
+
+
+def test_an_early_noisy_crossing_does_not_count_after_the_warmup():
+    # one lucky first batch: the debiased average starts at 0.9 and crosses 0.5 at once
+    rewards, dt = [0.9] + [0.2] * 11 + [0.8] * 8, [1.0] * 20
+    assert time_to_target(rewards, dt, 0.5)[1]["step_index"] == 0
+    i = time_to_target(rewards, dt, 0.5, warmup=stats.EMA_WARMUP)[1]["step_index"]
+    assert i is not None and i >= 12  # the rise after step 12, not the first step
+    assert stats.EMA_WARMUP == 10  # about the average's memory at alpha 0.1
 
 
 def test_passage_times_equal_a_loop():
