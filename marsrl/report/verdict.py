@@ -165,6 +165,14 @@ ONE_RUN = (
 )
 
 
+OWN_ROLLOUTS = (
+    "A time to a reward level reads the training reward, which each arm scores on its own rollouts: a "
+    "relaxed rule's rollouts are not the policy's samples (they keep a near-tied top-2 draft more often), "
+    "so an arm can reach a level sooner because its rollouts score higher, not because its policy learned "
+    "faster; the held-out accuracy, sampled from the policy itself, is the measure of that."
+)
+
+
 def learning_paragraph(arms: list[Arm]) -> tuple[str | None, dict]:
     """(a sentence per arm on its held-out accuracy after training against before, {arm: {setting:
     comparison}}); None when no arm carries a before/after comparison."""
@@ -249,5 +257,10 @@ def verdict(
     paragraphs.append(METHOD.format(n_boot=n_boot, seed=seed, alpha=stats.EMA_ALPHA, warmup=stats.EMA_WARMUP))
     if any(k.startswith("heldout_") for figs in comparisons.values() for k in figs):
         paragraphs.append(ONE_RUN)
+    if any(
+        "time_to_target_ratio" in comparisons.get(a.name, {}) and a.rule not in (None, "strict")
+        for a in others
+    ):
+        paragraphs.append(OWN_ROLLOUTS)
     head = [learned] if learned else []
     return "\n\n".join([*head, " ".join([*lead, paragraphs[0]]), *paragraphs[1:]]), metrics

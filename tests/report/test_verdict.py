@@ -228,3 +228,22 @@ def test_verdict_opens_with_whether_each_arm_learned():
     plain = [Arm(name=a.name, path=a.path, config=a.config, rows=a.rows, eval=None) for a in arms]
     text2, metrics2 = verdict(plain, {a.name: summarize_arm(a) for a in plain}, {"mars": {}})
     assert not text2.startswith("Learning") and metrics2["learning"] == {}
+
+
+def test_a_relaxed_arms_time_to_a_reward_level_carries_the_own_rollouts_caveat(tmp_path):
+    """The training reward is scored on each arm's own rollouts: with a time to a level compared for a
+    relaxed arm, the verdict says so; an A/A pair of strict arms (the same behaviour) does not need it."""
+    from marsrl.report.verdict import OWN_ROLLOUTS
+
+    from .helpers import write_experiment
+
+    root = write_experiment(tmp_path / "e", arms=("mars", "strict"))
+    report = build_report(root, target_reward=0.3, n_boot=200)
+    assert "time_to_target_ratio" in report.comparisons["mars"]
+    assert OWN_ROLLOUTS in report.verdict.split("\n\n")
+    strict = write_arm(tmp_path / "aa", "strict")
+    _copy_arm(strict, "strict_copy")
+    aa = build_report(tmp_path / "aa", target_reward=0.3, n_boot=200)
+    assert "time_to_target_ratio" in aa.comparisons["strict_copy"] and OWN_ROLLOUTS not in aa.verdict
+    no_target = build_report(root, n_boot=200)
+    assert OWN_ROLLOUTS not in no_target.verdict
