@@ -21,6 +21,7 @@ import math
 from pathlib import Path
 
 from .compare import BY_REPEATS
+from .stats import resolved as stats_resolved
 
 RATIO_NOTE = "geometric mean; t interval on the log scale"
 INTERVAL = "Student t over the per-seed values (95%); ratios on the log scale"
@@ -164,7 +165,7 @@ def aggregate_learning(tables: dict[str, dict]) -> dict:
         for slot in settings.values():
             slot.update(across_seeds([slot["per_seed"].get(s) for s in seeds]))
             lo, hi = slot["low"], slot["high"]
-            slot["resolved"] = lo is not None and hi is not None and not (lo <= 0.0 <= hi)
+            slot["resolved"] = lo is not None and hi is not None and stats_resolved(lo, hi, 0.0)
     return out
 
 

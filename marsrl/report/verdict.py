@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from . import stats
-from .base import learning
+from .base import finite, learning
 from .compare import PUBLISHED_SHARES, PUBLISHED_SOURCE, Figure
 from .load import Arm
 
@@ -185,13 +185,17 @@ def learning_paragraph(arms: list[Arm]) -> tuple[str | None, dict]:
         phrases = []
         for name, c in got.items():
             lo, hi = c.get("ci_low"), c.get("ci_high")
-            resolved = finite_pair(lo, hi) and (lo > 0 or hi < 0)
-            word = ("rose" if c["diff"] > 0 else "fell") if resolved else NOT_RESOLVED
-            interval = f" [{100 * lo:+.1f}, {100 * hi:+.1f}]" if finite_pair(lo, hi) else ""
+            known = finite(lo) and finite(hi)
+            word = (
+                ("rose" if c["diff"] > 0 else "fell")
+                if known and stats.resolved(lo, hi, 0.0)
+                else NOT_RESOLVED
+            )
+            interval = f" [{100 * lo:+.1f}, {100 * hi:+.1f}]" if known else ""
             p = c.get("p_two_sided")
-            test = f", exact McNemar p = {p:.2g}" if isinstance(p, (int, float)) else ""
+            test = f", exact McNemar p = {p:.2g}" if finite(p) else ""
             b, a = c.get("before"), c.get("after")
-            levels = f" {b:.3f} → {a:.3f}," if finite_pair(b, a) else ""
+            levels = f" {b:.3f} → {a:.3f}," if finite(b) and finite(a) else ""
             phrases.append(
                 f"{SETTING_NAMES.get(name, name)}{levels} {100 * c['diff']:+.1f} pt{interval}{test}: {word}"
             )
@@ -204,11 +208,6 @@ def learning_paragraph(arms: list[Arm]) -> tuple[str | None, dict]:
         "paired-bootstrap interval): "
     )
     return head + " ".join(parts), metrics
-
-
-def finite_pair(lo, hi) -> bool:
-    """Both ends are finite numbers."""
-    return all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in (lo, hi))
 
 
 def verdict(

@@ -109,10 +109,8 @@ PRESETS: dict[str, TinyWorldConfig] = {
         intermediate_size=384,
         sft=SFTConfig(steps=900, batch_size=16, lr=3e-3, warmup=30),
         # the head sets tau: 320 TTT steps on 1,024 of the target's own responses (bench/tinyworld.py
-        # measures tau; a head trained on half the responses for a third of the steps drafts far worse;
-        # 3 epochs instead of 5 save about 50 s of the first run, but the head starts 14% lower in tau and
-        # the main job's interleaved timing (the initial head) read mars at 1.18x strict's tokens/s, where
-        # runs with 5 epochs read 1.39-1.40x: docs/benchmarks.md)
+        # measures tau; a head trained on half the responses for a third of the steps drafts far worse,
+        # and 3 epochs cost the main job part of its measured speed-up: docs/benchmarks.md, the main job)
         n_draft_prompts=1024,
         draft_vocab_size=320,
         draft_epochs=5,
